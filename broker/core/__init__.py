@@ -1,0 +1,1 @@
+"""Broker logic: plain Python and numpy, no transports, no asyncio."""

@@ -1,0 +1,209 @@
+"""Connection state machines for both ends, sans-IO (after h11): ``receive_data`` buffers bytes,
+``next_event`` returns the next typed message or ``None``, ``send`` returns the bytes to write.
+
+Theory of operation
+-------------------
+On accept the broker speaks first, with the godot_rl greeting: two JSON frames, the ``handshake``
+(versions "0"/"7" plus ``broker_protocol``) and the ``env_info`` request. An unmodified godot_rl game
+answers with a JSON ``env_info`` frame; a native peer (game or trainer) sends a msgpack ``hello``
+without waiting and skips the greeting. The first body byte tells the two apart (``{`` or a msgpack
+map), so one port serves both with no timeout and no guessing.
+
+The legal messages per state live in one table, ``_ALLOWED``; anything else is a protocol error
+that blames the peer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Final
+
+from broker.protocol import PROTOCOL_VERSION
+from broker.protocol.codec import BodyKind, body_kind, pack, pack_json, unpack, unpack_json
+from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from broker.protocol.messages import (
+    Batch,
+    Close,
+    Error,
+    GameActions,
+    GameStep,
+    Hello,
+    Message,
+    PolicyInfo,
+    TrainerAct,
+    TrainerReset,
+    Waiting,
+    Welcome,
+    message_from_wire,
+)
+
+GODOT_RL_MAJOR: Final = "0"
+GODOT_RL_MINOR: Final = "7"
+GREETING_HANDSHAKE: Final = {
+    "type": "handshake",
+    "major_version": GODOT_RL_MAJOR,
+    "minor_version": GODOT_RL_MINOR,
+    "broker_protocol": PROTOCOL_VERSION,
+}
+GREETING_ENV_INFO: Final = {"type": "env_info"}
+GREETING: Final = encode_frame(pack_json(GREETING_HANDSHAKE)) + encode_frame(pack_json(GREETING_ENV_INFO))
+
+
+class State(Enum):
+    # broker side
+    AWAIT_HELLO = "await_hello"
+    LEGACY = "legacy"  # an unmodified godot_rl plugin game, JSON frames
+    GAME = "game"
+    TRAINER = "trainer"
+    # peer side
+    AWAIT_GREETING = "await_greeting"
+    AWAIT_WELCOME = "await_welcome"
+    READY = "ready"
+    CLOSED = "closed"
+
+
+@dataclass
+class LegacyMessage:
+    """A JSON message from an unmodified godot_rl game."""
+
+    body: dict[str, Any]
+
+
+_ALLOWED: Final[dict[State, tuple[type, ...]]] = {
+    State.AWAIT_HELLO: (Hello,),
+    State.GAME: (GameStep, Close),
+    State.TRAINER: (TrainerReset, TrainerAct, Close),
+}
+_ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
+    "game": (GameActions, Error, Close),
+    "trainer": (PolicyInfo, Batch, Waiting, Error, Close),
+}
+
+
+class BrokerConnection:
+    """The broker's end of one accepted connection."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.state = State.AWAIT_HELLO
+        self._decoder = FrameDecoder(max_frame_bytes)
+
+    @staticmethod
+    def greeting() -> bytes:
+        return GREETING
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._decoder.buffered_bytes
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._decoder.feed(data)
+
+    def next_event(self) -> Message | LegacyMessage | None:
+        """Next message; raises RemoteProtocolError (and moves to CLOSED) on bad input."""
+        if self.state is State.CLOSED:
+            return None
+        try:
+            return self._next_event()
+        except RemoteProtocolError:
+            self.state = State.CLOSED
+            raise
+
+    def _next_event(self) -> Message | LegacyMessage | None:
+        body = self._decoder.next_frame()
+        if body is None:
+            return None
+        kind = body_kind(body)
+        if self.state is State.LEGACY or (self.state is State.AWAIT_HELLO and kind is BodyKind.JSON):
+            if kind is not BodyKind.JSON:
+                raise RemoteProtocolError(ErrorCode.MALFORMED, "a godot_rl game sent a non-JSON frame")
+            self.state = State.LEGACY
+            return LegacyMessage(unpack_json(body))
+        if kind is not BodyKind.MSGPACK:
+            raise RemoteProtocolError(ErrorCode.MALFORMED, "a native peer sent a JSON frame")
+        message = message_from_wire(unpack(body))
+        if not isinstance(message, _ALLOWED[self.state]):
+            raise RemoteProtocolError(
+                ErrorCode.UNEXPECTED_MESSAGE,
+                f"'{message.TYPE}' is not allowed in state {self.state.value}",
+            )
+        if isinstance(message, Hello):
+            if message.protocol != PROTOCOL_VERSION:
+                raise RemoteProtocolError(
+                    ErrorCode.VERSION_MISMATCH,
+                    f"peer speaks protocol {message.protocol}, this broker speaks {PROTOCOL_VERSION}",
+                )
+            self.state = State.GAME if message.role == "game" else State.TRAINER
+        return message
+
+    def send(self, message: Message) -> bytes:
+        if self.state is State.LEGACY:
+            raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
+        return encode_frame(pack(message.to_wire()))
+
+    def send_legacy(self, body: dict[str, Any]) -> bytes:
+        return encode_frame(pack_json(body))
+
+
+class PeerConnection:
+    """A game's or trainer's end: sends ``hello`` first, skips the greeting, expects ``welcome``."""
+
+    def __init__(self, hello: Hello, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self.hello = hello
+        self.state = State.AWAIT_GREETING
+        self._decoder = FrameDecoder(max_frame_bytes)
+        self._greeting_frames = 0
+
+    def initial_bytes(self) -> bytes:
+        return self.send(self.hello)
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        self._decoder.feed(data)
+
+    def next_event(self) -> Message | None:
+        while True:
+            body = self._decoder.next_frame()
+            if body is None:
+                return None
+            if self.state is State.AWAIT_GREETING:
+                self._check_greeting(body)
+                continue
+            message = message_from_wire(unpack(body))
+            if self.state is State.AWAIT_WELCOME:
+                if isinstance(message, Welcome):
+                    self.state = State.READY
+                    return message
+                if isinstance(message, (Error, Close)):
+                    self.state = State.CLOSED
+                    return message
+                raise RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, f"expected welcome, got '{message.TYPE}'")
+            if not isinstance(message, _ALLOWED_FOR_PEER[self.hello.role]):
+                raise RemoteProtocolError(
+                    ErrorCode.UNEXPECTED_MESSAGE, f"a {self.hello.role} does not expect '{message.TYPE}'"
+                )
+            if isinstance(message, (Error, Close)):
+                self.state = State.CLOSED
+            return message
+
+    def _check_greeting(self, body: bytes) -> None:
+        greeting = unpack_json(body) if body_kind(body) is BodyKind.JSON else {}
+        if self._greeting_frames == 0:
+            if greeting.get("type") != "handshake" or "broker_protocol" not in greeting:
+                raise RemoteProtocolError(
+                    ErrorCode.NOT_SUPPORTED,
+                    "the server did not greet like godot-rl-broker (is this a plain godot_rl server?)",
+                )
+            if greeting["broker_protocol"] != PROTOCOL_VERSION:
+                raise RemoteProtocolError(
+                    ErrorCode.VERSION_MISMATCH,
+                    f"broker speaks protocol {greeting['broker_protocol']}, this client {PROTOCOL_VERSION}",
+                )
+        elif greeting.get("type") != "env_info":
+            raise RemoteProtocolError(ErrorCode.MALFORMED, "second greeting frame must be the env_info request")
+        self._greeting_frames += 1
+        if self._greeting_frames == 2:
+            self.state = State.AWAIT_WELCOME
+
+    def send(self, message: Message) -> bytes:
+        return encode_frame(pack(message.to_wire()))

@@ -1,0 +1,42 @@
+"""Every knob of the daemon, in one place; command-line flags map onto these fields."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 11008
+    unix_path: str | None = None
+    expected_games: int = 1
+    token: str | None = None
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_pending_bytes: int = 256 * 1024 * 1024  # unsent bytes to one peer before we drop it
+    limit_connections: int = 256
+    timeout_hello: float = 30.0
+    timeout_shutdown: float = 5.0
+    status_interval: float = 10.0
+
+    def validate(self) -> None:
+        if not self.is_loopback() and not self.token:
+            raise ValueError(
+                f"binding {self.host} exposes the broker beyond this machine; "
+                "set a shared token with --token or GDRL_BROKER_TOKEN"
+            )
+        if self.expected_games < 1:
+            raise ValueError("--games must be at least 1")
+
+    def is_loopback(self) -> bool:
+        if self.host in LOOPBACK_NAMES:
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False

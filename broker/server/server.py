@@ -1,0 +1,247 @@
+"""asyncio server: one listening port (plus an optional Unix socket) for games and trainers alike.
+
+Each accepted connection gets a ``PeerProtocol``: bytes go into a sans-IO ``BrokerConnection``,
+typed messages go to the ``Hub``, and the hub's sends come back through ``PeerProtocol.send``.
+Everything runs on the event loop's thread; the hub is never entered concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+import socket
+import time
+from typing import Any
+
+import structlog
+
+from broker.core.hub import GameSession, Hub, TrainerSession
+from broker.protocol.connection import BrokerConnection, LegacyMessage
+from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
+from broker.protocol.messages import Close, Error, GameStep, Hello, Message, TrainerAct, TrainerReset
+from broker.server.config import ServerConfig
+
+log = structlog.get_logger("gdrl.server")
+
+
+class PeerProtocol(asyncio.Protocol):
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        self.hub = server.hub
+        self.connection = BrokerConnection(server.config.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.label = "?"
+        self.game: GameSession | None = None
+        self.trainer: TrainerSession | None = None
+        self.closing = False
+        self._hello_timer: asyncio.TimerHandle | None = None
+        self.legacy_close: Any = None  # set by the godot_rl adapter: how to say goodbye to such a game
+
+    # --- asyncio callbacks -----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        sock = transport.get_extra_info("socket")
+        peer = transport.get_extra_info("peername")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.label = f"{peer[0]}:{peer[1]}"
+        else:
+            self.label = f"unix#{id(self) & 0xFFFF:04x}"
+        self.server.connections.add(self)
+        if len(self.server.connections) > self.server.config.limit_connections:
+            self._fail(ErrorCode.BROKER_FULL, f"connection limit {self.server.config.limit_connections} reached")
+            return
+        transport.write(self.connection.greeting())
+        loop = asyncio.get_running_loop()
+        self._hello_timer = loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
+        log.debug("connected", peer=self.label)
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.receive_data(data)
+        try:
+            while not self.closing:
+                event = self.connection.next_event()
+                if event is None:
+                    break
+                self._handle(event)
+        except ProtocolError as exc:
+            self._fail(exc.code, exc.message)
+        except Exception as exc:  # a bug must cost one connection, not the broker
+            log.exception("internal error", peer=self.label)
+            self._fail(ErrorCode.INTERNAL, f"internal broker error: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+        self.server.connections.discard(self)
+        if self.game is not None:
+            self.hub.remove_game(self.game)
+        if self.trainer is not None:
+            self.hub.remove_trainer(self.trainer)
+        log.debug("disconnected", peer=self.label, reason=str(exc) if exc else "closed")
+
+    # --- dispatch --------------------------------------------------------------------------------
+
+    def _handle(self, event: Message | LegacyMessage) -> None:
+        if isinstance(event, LegacyMessage):
+            self._cancel_hello_timer()
+            self.server.handle_legacy(self, event)
+        elif isinstance(event, Hello):
+            self._cancel_hello_timer()
+            self._check_token(event)
+            if event.role == "game":
+                self.game = self.hub.add_game(self, event)
+            else:
+                self.trainer = self.hub.add_trainer(self, event)
+        elif isinstance(event, GameStep):
+            assert self.game is not None
+            self.hub.game_step(self.game, event)
+        elif isinstance(event, TrainerAct):
+            assert self.trainer is not None
+            self.hub.trainer_act(self.trainer, event)
+        elif isinstance(event, TrainerReset):
+            assert self.trainer is not None
+            self.hub.trainer_reset(self.trainer)
+        elif isinstance(event, Close):
+            log.info("peer said goodbye", peer=self.label, reason=event.reason)
+            self.closing = True
+            assert self.transport is not None
+            self.transport.close()
+
+    def _check_token(self, hello: Hello) -> None:
+        expected = self.server.config.token
+        if expected is None:
+            return
+        given = (hello.token or "").encode()
+        if not hmac.compare_digest(given, expected.encode()):
+            raise RemoteProtocolError(ErrorCode.AUTH_FAILED, "missing or wrong token")
+
+    def _cancel_hello_timer(self) -> None:
+        if self._hello_timer is not None:
+            self._hello_timer.cancel()
+            self._hello_timer = None
+
+    def _hello_timed_out(self) -> None:
+        self._fail(ErrorCode.HELLO_TIMEOUT, f"no hello within {self.server.config.timeout_hello:.0f} s")
+
+    def _fail(self, code: ErrorCode, message: str) -> None:
+        log.warning("peer error", peer=self.label, code=code.value, error=message)
+        self.close(Error(code.value, message))
+
+    # --- Link, as the hub sees us ----------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        if self.closing or self.transport is None:
+            return
+        self.transport.write(self.connection.send(message))
+        if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
+            self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
+
+    def send_raw(self, data: bytes) -> None:
+        if not self.closing and self.transport is not None:
+            self.transport.write(data)
+
+    def close(self, error: Error | Close | None = None) -> None:
+        """Close after sending ``error`` (or an orderly ``Close``) to a native peer."""
+        if self.closing or self.transport is None:
+            return
+        if error is not None and self.connection.state.value != "legacy":
+            with contextlib.suppress(ProtocolError):
+                self.transport.write(self.connection.send(error))
+        self.closing = True
+        self.transport.close()
+
+
+class BrokerServer:
+    def __init__(self, config: ServerConfig, hub: Hub | None = None) -> None:
+        config.validate()
+        self.config = config
+        self.hub = hub or Hub(config.expected_games)
+        self.connections: set[PeerProtocol] = set()
+        self._servers: list[asyncio.base_events.Server] = []
+        self._status_task: asyncio.Task[None] | None = None
+        self.started = time.monotonic()
+        self.legacy_handler: Any = None
+
+    @property
+    def port(self) -> int:
+        for server in self._servers:
+            for sock in server.sockets:
+                if sock.family in (socket.AF_INET, socket.AF_INET6):
+                    return int(sock.getsockname()[1])
+        return self.config.port
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        tcp = await loop.create_server(
+            lambda: PeerProtocol(self), self.config.host, self.config.port, reuse_address=True, backlog=256
+        )
+        self._servers.append(tcp)
+        if self.config.unix_path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.unix_path)
+            self._servers.append(await loop.create_unix_server(lambda: PeerProtocol(self), self.config.unix_path))
+        if self.config.status_interval > 0:
+            self._status_task = asyncio.create_task(self._log_status())
+        log.info(
+            "broker listening",
+            host=self.config.host,
+            port=self.port,
+            unix=self.config.unix_path,
+            games=self.config.expected_games,
+        )
+
+    async def _log_status(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.status_interval)
+            log.info("status", **self.hub.snapshot())
+
+    def handle_legacy(self, peer: PeerProtocol, event: LegacyMessage) -> None:
+        if self.legacy_handler is not None:
+            self.legacy_handler(peer, event)
+            return
+        raise RemoteProtocolError(
+            ErrorCode.NOT_SUPPORTED, "a godot_rl plugin game connected; this broker build does not serve them"
+        )
+
+    async def shutdown(self, reason: str = "broker shutting down") -> None:
+        """Stop listening, tell every peer why, and give them ``timeout_shutdown`` to leave."""
+        for server in self._servers:
+            server.close()
+        if self._status_task is not None:
+            self._status_task.cancel()
+        for peer in list(self.connections):
+            if peer.trainer is not None:
+                peer.close(Error(ErrorCode.SHUTTING_DOWN.value, reason))
+            elif peer.game is not None:
+                peer.close(Close(reason))
+            elif peer.legacy_close is not None:
+                peer.legacy_close()
+            else:
+                peer.close()
+        deadline = time.monotonic() + self.config.timeout_shutdown
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for peer in list(self.connections):
+            if peer.transport is not None:
+                peer.transport.abort()
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1.0)
+        if self.config.unix_path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.unix_path)
+        log.info("broker stopped", reason=reason)
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed, else the standard loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()  # type: ignore[no-any-return]

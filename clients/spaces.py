@@ -1,0 +1,98 @@
+"""Announced spaces <-> gymnasium spaces, and SB3 action arrays <-> per-key wire actions.
+
+Actions follow godot_rl's conversion so that models and habits carry over:
+
+* one discrete key -> ``Discrete(n)``;
+* only discrete / multi-discrete keys -> ``MultiDiscrete`` of all choices, columns in key order;
+* any continuous key -> one ``Box(-1, 1)``: continuous sizes in key order, and one column per
+  discrete key (binary only; ``> 0`` means 1), as godot_rl does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+from broker.protocol.spaces import (
+    BoxSpace,
+    ContinuousAction,
+    DiscreteAction,
+    DiscreteSpace,
+    MultiDiscreteAction,
+    ObservationSpace,
+    PolicySpaces,
+)
+
+
+def observation_space(space: ObservationSpace) -> spaces.Space[Any]:
+    if isinstance(space, BoxSpace):
+        return spaces.Box(space.low, space.high, space.shape, np.dtype(space.dtype))
+    if isinstance(space, DiscreteSpace):
+        return spaces.Discrete(space.n)
+    return spaces.MultiDiscrete(np.array(space.nvec, dtype=np.int64))
+
+
+def observation_dict(policy: PolicySpaces) -> spaces.Dict:
+    # A list keeps the game's key order (a plain dict would be sorted by gymnasium).
+    return spaces.Dict([(key, observation_space(space)) for key, space in policy.observation])
+
+
+def convert_obs(policy: PolicySpaces, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Wire observations -> arrays of the gymnasium spaces' dtypes (writable copies)."""
+    out = {}
+    for key, space in policy.observation:
+        dtype = np.dtype(space.dtype) if isinstance(space, BoxSpace) else np.int64
+        out[key] = np.array(obs[key], dtype=dtype, copy=True)
+    return out
+
+
+class ActionCodec:
+    def __init__(self, policy: PolicySpaces) -> None:
+        self.policy = policy
+        self.keys = [key for key, _ in policy.action]
+        kinds = [space for _, space in policy.action]
+        self.continuous = any(isinstance(s, ContinuousAction) for s in kinds)
+        if self.continuous:
+            for key, s in policy.action:
+                if isinstance(s, DiscreteAction) and s.n > 2:
+                    raise NotImplementedError(
+                        f"action '{key}' is discrete with {s.n} choices next to continuous actions; "
+                        "like godot_rl, mixed spaces support only binary discrete actions"
+                    )
+                if isinstance(s, MultiDiscreteAction):
+                    raise NotImplementedError(f"action '{key}': multi-discrete next to continuous is not supported")
+            widths = [s.size if isinstance(s, ContinuousAction) else 1 for s in kinds]
+            self.space: spaces.Space[Any] = spaces.Box(-1.0, 1.0, (sum(widths),), np.float32)
+        elif len(kinds) == 1 and isinstance(kinds[0], DiscreteAction):
+            widths = [1]
+            self.space = spaces.Discrete(kinds[0].n)
+        else:
+            nvec: list[int] = []
+            widths = []
+            for s in kinds:
+                part = [s.n] if isinstance(s, DiscreteAction) else list(s.nvec)  # type: ignore[union-attr]
+                nvec += part
+                widths.append(len(part))
+            self.space = spaces.MultiDiscrete(np.array(nvec, dtype=np.int64))
+        self.bounds = np.cumsum([0, *widths])
+
+    def to_wire(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        """SB3 actions for all envs -> one array per action key, in wire dtypes."""
+        actions = np.asarray(actions)
+        n = actions.shape[0]
+        if isinstance(self.space, spaces.Discrete):
+            return {self.keys[0]: actions.reshape(n).astype(np.int32)}
+        columns = actions.reshape(n, -1)
+        out = {}
+        for i, (key, space) in enumerate(self.policy.action):
+            block = columns[:, self.bounds[i] : self.bounds[i + 1]]
+            if isinstance(space, ContinuousAction):
+                out[key] = np.clip(block, -1.0, 1.0).astype(np.float32)
+            elif isinstance(space, DiscreteAction):
+                flat = block[:, 0]
+                out[key] = (flat > 0).astype(np.int32) if self.continuous else flat.astype(np.int32)
+            else:
+                out[key] = block.astype(np.int32)
+        return out

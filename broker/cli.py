@@ -28,8 +28,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-pending-bytes", type=int, default=defaults.max_pending_bytes)
     parser.add_argument("--limit-connections", type=int, default=defaults.limit_connections)
     parser.add_argument("--timeout-hello", type=float, default=defaults.timeout_hello)
-    parser.add_argument("--status-interval", type=float, default=defaults.status_interval,
-                        help="seconds between status log lines (0: off)")
+    parser.add_argument(
+        "--status-interval",
+        type=float,
+        default=defaults.status_interval,
+        help="seconds between status log lines (0: off)",
+    )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     parser.add_argument("--log-level", default="info")
 

@@ -31,18 +31,45 @@ def run_from_args(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with InProcessBroker(expected_games=args.games, port=args.port, status_interval=0) as broker:
         games = [
-            subprocess.Popen([
-                sys.executable, "-m", "broker", "sim-game", "--address", broker.address,
-                "--movers", str(args.agents), "--pickers", str(args.agents), "--seed", str(i), "--name", f"sim-{i}",
-            ])
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "broker",
+                    "sim-game",
+                    "--address",
+                    broker.address,
+                    "--movers",
+                    str(args.agents),
+                    "--pickers",
+                    str(args.agents),
+                    "--seed",
+                    str(i),
+                    "--name",
+                    f"sim-{i}",
+                ]
+            )
             for i in range(args.games)
         ]
         trainers = {
-            policy: subprocess.Popen([
-                sys.executable, "-m", "clients.train", "--policy", policy, "--broker", broker.address,
-                "--timesteps", str(args.timesteps), "--report-json", str(out / f"{policy}.json"),
-                "--save-model-path", str(out / f"{policy}.zip"),
-            ], stdout=subprocess.DEVNULL if False else None)
+            policy: subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "clients.train",
+                    "--policy",
+                    policy,
+                    "--broker",
+                    broker.address,
+                    "--timesteps",
+                    str(args.timesteps),
+                    "--report-json",
+                    str(out / f"{policy}.json"),
+                    "--save-model-path",
+                    str(out / f"{policy}.zip"),
+                ],
+                stdout=subprocess.DEVNULL if False else None,
+            )
             for policy in (MOVER, PICKER)
         }
         codes = {policy: proc.wait() for policy, proc in trainers.items()}

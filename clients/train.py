@@ -62,13 +62,22 @@ def main(argv: list[str] | None = None) -> int:
                 recent = [r for _, r in episodes[-100:]]
                 mean = f"{np.mean(recent):.3f}" if recent else "n/a"
                 rate = self.num_timesteps / (now - self.start)
-                print(f"[{args.policy}] steps {self.num_timesteps} ({rate:.0f}/s) mean episode reward {mean}",
-                      flush=True)
+                print(
+                    f"[{args.policy}] steps {self.num_timesteps} ({rate:.0f}/s) mean episode reward {mean}", flush=True
+                )
             return True
 
     model = PPO(
-        "MultiInputPolicy", env, n_steps=args.n_steps, batch_size=args.batch_size, n_epochs=args.n_epochs,
-        learning_rate=args.learning_rate, gamma=args.gamma, ent_coef=args.ent_coef, seed=args.seed, verbose=0,
+        "MultiInputPolicy",
+        env,
+        n_steps=args.n_steps,
+        batch_size=args.batch_size,
+        n_epochs=args.n_epochs,
+        learning_rate=args.learning_rate,
+        gamma=args.gamma,
+        ent_coef=args.ent_coef,
+        seed=args.seed,
+        verbose=0,
     )
     started = time.monotonic()
     model.learn(total_timesteps=args.timesteps, callback=Progress())
@@ -83,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def summarize(policy: str, n_envs: int, episodes: list[tuple[int, float]], steps: int, seconds: float) -> dict[str, Any]:
+def summarize(
+    policy: str, n_envs: int, episodes: list[tuple[int, float]], steps: int, seconds: float
+) -> dict[str, Any]:
     k = max(1, min(100, len(episodes) // 5))
     first = [r for _, r in episodes[:k]]
     last = [r for _, r in episodes[-k:]]

@@ -155,7 +155,9 @@ class BrokerVecEnv(VecEnv):
         for i in self._get_indices(indices):
             values[i] = value
 
-    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **kwargs: Any) -> list[Any]:
+    def env_method(
+        self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **kwargs: Any
+    ) -> list[Any]:
         raise NotImplementedError(
             f"env_method('{method_name}'): the envs live in game processes behind the broker; "
             "use get_attr/set_attr for env attributes"

@@ -249,10 +249,13 @@ class Hub:
                 ErrorCode.UNEXPECTED_MESSAGE, f"{game.label} sent step {step.tick} before receiving its actions"
             )
         if step.tick != game.next_tick:
-            raise RemoteProtocolError(ErrorCode.BAD_STEP, f"{game.label}: expected tick {game.next_tick}, got {step.tick}")
+            raise RemoteProtocolError(
+                ErrorCode.BAD_STEP, f"{game.label}: expected tick {game.next_tick}, got {step.tick}"
+            )
         if set(step.groups) != set(game.groups):
             raise RemoteProtocolError(
-                ErrorCode.BAD_STEP, f"{game.label}: step has groups {sorted(step.groups)}, hello announced {sorted(game.groups)}"
+                ErrorCode.BAD_STEP,
+                f"{game.label}: step has groups {sorted(step.groups)}, hello announced {sorted(game.groups)}",
             )
         for name, data in step.groups.items():
             spec = game.groups[name]
@@ -261,8 +264,13 @@ class Hub:
                 raise RemoteProtocolError(ErrorCode.BAD_STEP, f"{what}: {data.n_rows} rows for {spec.n_agents} agents")
             check_rows(data.obs, spec.spaces.observation, spec.n_agents, f"{what} obs", ErrorCode.BAD_STEP)
             if data.final_obs is not None and data.final_index is not None:
-                check_rows(data.final_obs, spec.spaces.observation, len(data.final_index), f"{what} final obs",
-                           ErrorCode.BAD_STEP)
+                check_rows(
+                    data.final_obs,
+                    spec.spaces.observation,
+                    len(data.final_index),
+                    f"{what} final obs",
+                    ErrorCode.BAD_STEP,
+                )
         slot = self.slots[game.slot]
         for name, data in step.groups.items():
             policy = self.policies[name]
@@ -332,14 +340,21 @@ class Hub:
             raise RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "actions sent with no batch outstanding")
         if act.step != policy.outstanding.step:
             raise RemoteProtocolError(
-                ErrorCode.BAD_ACTIONS, f"actions answer step {act.step}, the open batch is step {policy.outstanding.step}"
+                ErrorCode.BAD_ACTIONS,
+                f"actions answer step {act.step}, the open batch is step {policy.outstanding.step}",
             )
-        actions = {k: _canonical(v, space.wire_dtype) for k, v in act.actions.items()
-                   for key, space in policy.spaces.action if key == k}
+        actions = {
+            k: _canonical(v, space.wire_dtype)
+            for k, v in act.actions.items()
+            for key, space in policy.spaces.action
+            if key == k
+        }
         if len(actions) != len(act.actions):
             unknown = sorted(set(act.actions) - {k for k, _ in policy.spaces.action})
             raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"unknown action keys {unknown}")
-        check_rows(actions, policy.spaces.action, policy.n_envs, f"policy '{policy.name}' actions", ErrorCode.BAD_ACTIONS)
+        check_rows(
+            actions, policy.spaces.action, policy.n_envs, f"policy '{policy.name}' actions", ErrorCode.BAD_ACTIONS
+        )
         games = policy.outstanding_games
         policy.outstanding = None
         policy.outstanding_games = {}
@@ -407,18 +422,26 @@ def _concatenate(parts: list[StepData], offsets: list[int], spaces: PolicySpaces
     if len(parts) == 1:
         only = parts[0]
         return StepData(
-            {k: np.array(v) for k, v in only.obs.items()}, only.reward.copy(), only.terminated.copy(),
-            only.truncated.copy(), only.final_index, only.final_obs, dict(only.infos),
+            {k: np.array(v) for k, v in only.obs.items()},
+            only.reward.copy(),
+            only.terminated.copy(),
+            only.truncated.copy(),
+            only.final_index,
+            only.final_obs,
+            dict(only.infos),
         )
     obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
     reward = np.concatenate([p.reward for p in parts])
     terminated = np.concatenate([p.terminated for p in parts])
     truncated = np.concatenate([p.truncated for p in parts])
-    finals = [(p.final_index + off, p.final_obs) for p, off in zip(parts, offsets)
-              if p.final_index is not None and p.final_obs is not None and len(p.final_index)]
+    finals = [
+        (p.final_index + off, p.final_obs)
+        for p, off in zip(parts, offsets, strict=False)
+        if p.final_index is not None and p.final_obs is not None and len(p.final_index)
+    ]
     final_index = final_obs = None
     if finals:
         final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
         final_obs = {key: np.concatenate([f[1][key] for f in finals]) for key, _ in spaces.observation}
-    infos = {row + off: info for p, off in zip(parts, offsets) for row, info in p.infos.items()}
+    infos = {row + off: info for p, off in zip(parts, offsets, strict=False) for row, info in p.infos.items()}
     return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos)

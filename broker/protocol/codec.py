@@ -2,8 +2,12 @@
 
 A frame body is one of:
 
-* a msgpack map (first byte 0x80-0x8f, 0xde or 0xdf): this protocol;
+* a msgpack map (first byte 0x80-0x8f, 0xde or 0xdf): this protocol, from Python peers;
+* a Godot Variant Dictionary as ``var_to_bytes`` writes it (first bytes ``1b 00``): this protocol,
+  from the Godot addon, with the same message maps;
 * a JSON object (first byte ``{``): the godot_rl plugin protocol, ASCII only.
+
+A native peer's hello fixes its codec; the broker answers it in the same codec.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from broker.protocol.errors import ErrorCode, RemoteProtocolError
 
 class BodyKind(Enum):
     MSGPACK = "msgpack"
+    GODOT = "godot"
     JSON = "json"
 
 
@@ -30,13 +35,42 @@ def body_kind(body: bytes) -> BodyKind:
         return BodyKind.MSGPACK
     if first == 0x7B:  # "{"
         return BodyKind.JSON
+    if first == 0x1B and len(body) >= 2 and body[1] == 0x00:  # Variant type 27 = Dictionary
+        return BodyKind.GODOT
     raise RemoteProtocolError(
-        ErrorCode.MALFORMED, f"frame body starts with byte 0x{first:02x}: neither a msgpack map nor JSON"
+        ErrorCode.MALFORMED,
+        f"frame body starts with byte 0x{first:02x}: not a msgpack map, a Godot Dictionary or JSON",
     )
 
 
+def encode_body(kind: BodyKind, obj: dict[str, Any]) -> bytes:
+    if kind is BodyKind.MSGPACK:
+        return pack(obj)
+    if kind is BodyKind.GODOT:
+        return _godot_codec().encode(obj)
+    return pack_json(obj)
+
+
+def decode_body(kind: BodyKind, body: bytes) -> dict[str, Any]:
+    if kind is BodyKind.MSGPACK:
+        return unpack(body)
+    if kind is BodyKind.GODOT:
+        return _godot_codec().decode(body)
+    return unpack_json(body)
+
+
+def _godot_codec() -> Any:
+    try:
+        from broker.protocol import variant  # type: ignore[attr-defined]
+    except ImportError:
+        raise RemoteProtocolError(
+            ErrorCode.NOT_SUPPORTED, "Godot Variant bodies are not supported by this build"
+        ) from None
+    return variant
+
+
 def pack(obj: dict[str, Any]) -> bytes:
-    return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(obj, use_bin_type=True)
 
 
 def unpack(body: bytes) -> dict[str, Any]:

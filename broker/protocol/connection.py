@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Final
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.codec import BodyKind, body_kind, pack, pack_json, unpack, unpack_json
+from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_body, pack_json, unpack_json
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.messages import (
@@ -32,6 +32,7 @@ from broker.protocol.messages import (
     Hello,
     Message,
     PolicyInfo,
+    Status,
     TrainerAct,
     TrainerReset,
     Waiting,
@@ -57,6 +58,7 @@ class State(Enum):
     LEGACY = "legacy"  # an unmodified godot_rl plugin game, JSON frames
     GAME = "game"
     TRAINER = "trainer"
+    OBSERVER = "observer"  # asks for status once
     # peer side
     AWAIT_GREETING = "await_greeting"
     AWAIT_WELCOME = "await_welcome"
@@ -75,10 +77,12 @@ _ALLOWED: Final[dict[State, tuple[type, ...]]] = {
     State.AWAIT_HELLO: (Hello,),
     State.GAME: (GameStep, Close),
     State.TRAINER: (TrainerReset, TrainerAct, Close),
+    State.OBSERVER: (Close,),
 }
 _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
     "game": (GameActions, Error, Close),
     "trainer": (PolicyInfo, Batch, Waiting, Error, Close),
+    "observer": (Status, Error, Close),
 }
 
 
@@ -87,6 +91,7 @@ class BrokerConnection:
 
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.state = State.AWAIT_HELLO
+        self.codec = BodyKind.MSGPACK  # fixed by the hello: msgpack or Godot Variant
         self._decoder = FrameDecoder(max_frame_bytes)
 
     @staticmethod
@@ -120,9 +125,9 @@ class BrokerConnection:
                 raise RemoteProtocolError(ErrorCode.MALFORMED, "a godot_rl game sent a non-JSON frame")
             self.state = State.LEGACY
             return LegacyMessage(unpack_json(body))
-        if kind is not BodyKind.MSGPACK:
-            raise RemoteProtocolError(ErrorCode.MALFORMED, "a native peer sent a JSON frame")
-        message = message_from_wire(unpack(body))
+        if kind is BodyKind.JSON or (self.state is not State.AWAIT_HELLO and kind is not self.codec):
+            raise RemoteProtocolError(ErrorCode.MALFORMED, f"a {self.codec.value} peer sent a {kind.value} frame")
+        message = message_from_wire(decode_body(kind, body))
         if not isinstance(message, _ALLOWED[self.state]):
             raise RemoteProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE,
@@ -134,13 +139,14 @@ class BrokerConnection:
                     ErrorCode.VERSION_MISMATCH,
                     f"peer speaks protocol {message.protocol}, this broker speaks {PROTOCOL_VERSION}",
                 )
-            self.state = State.GAME if message.role == "game" else State.TRAINER
+            self.codec = kind
+            self.state = {"game": State.GAME, "trainer": State.TRAINER, "observer": State.OBSERVER}[message.role]
         return message
 
     def send(self, message: Message) -> bytes:
         if self.state is State.LEGACY:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
-        return encode_frame(pack(message.to_wire()))
+        return encode_frame(encode_body(self.codec, message.to_wire()))
 
     def send_legacy(self, body: dict[str, Any]) -> bytes:
         return encode_frame(pack_json(body))
@@ -149,8 +155,13 @@ class BrokerConnection:
 class PeerConnection:
     """A game's or trainer's end: sends ``hello`` first, skips the greeting, expects ``welcome``."""
 
-    def __init__(self, hello: Hello, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self, hello: Hello, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, codec: BodyKind = BodyKind.MSGPACK
+    ) -> None:
+        if codec is BodyKind.JSON:
+            raise ValueError("native peers speak msgpack or Godot Variant bodies")
         self.hello = hello
+        self.codec = codec
         self.state = State.AWAIT_GREETING
         self._decoder = FrameDecoder(max_frame_bytes)
         self._greeting_frames = 0
@@ -169,7 +180,10 @@ class PeerConnection:
             if self.state is State.AWAIT_GREETING:
                 self._check_greeting(body)
                 continue
-            message = message_from_wire(unpack(body))
+            kind = body_kind(body)
+            if kind is not self.codec:
+                raise RemoteProtocolError(ErrorCode.MALFORMED, f"expected {self.codec.value} bodies, got {kind.value}")
+            message = message_from_wire(decode_body(kind, body))
             if self.state is State.AWAIT_WELCOME:
                 if isinstance(message, Welcome):
                     self.state = State.READY
@@ -206,4 +220,4 @@ class PeerConnection:
             self.state = State.AWAIT_WELCOME
 
     def send(self, message: Message) -> bytes:
-        return encode_frame(pack(message.to_wire()))
+        return encode_frame(encode_body(self.codec, message.to_wire()))

@@ -64,6 +64,7 @@ class StepData:
     final_index: np.ndarray | None = None
     final_obs: dict[str, np.ndarray] | None = None
     infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    frames: np.ndarray | None = None  # int32 [n]: game ticks each transition spanned (hold mode)
 
     @property
     def n_rows(self) -> int:
@@ -80,6 +81,8 @@ class StepData:
             wire["final"] = {"index": encode_array(self.final_index), "obs": _encode_arrays(self.final_obs)}
         if self.infos:
             wire["infos"] = self.infos
+        if self.frames is not None:
+            wire["frames"] = encode_array(self.frames)
         return wire
 
     @classmethod
@@ -119,7 +122,12 @@ class StepData:
         for row, info in infos.items():
             if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < n or not isinstance(info, dict):
                 raise _malformed(f"{what}.infos: entry {row!r} must map a row in [0, {n}) to a map")
-        return cls(obs, reward, terminated, truncated, final_index, final_obs, infos)
+        frames = None
+        if "frames" in obj:
+            frames = decode_array(obj["frames"], f"{what}.frames")
+            if frames.shape != (n,) or frames.dtype != np.int32:
+                raise _malformed(f"{what}.frames must be an int32 array of shape [{n}]")
+        return cls(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)
 
 
 # --- peer -> broker -------------------------------------------------------------------------------
@@ -127,10 +135,10 @@ class StepData:
 
 @dataclass
 class Hello:
-    """First message of every native peer. ``role`` says whether it is a game or a trainer."""
+    """First message of every native peer: a game, a trainer, or an observer asking for status."""
 
     TYPE: ClassVar[str] = "hello"
-    role: Literal["game", "trainer"]
+    role: Literal["game", "trainer", "observer"]
     protocol: int
     name: str = ""
     token: str | None = None
@@ -143,7 +151,7 @@ class Hello:
             wire["token"] = self.token
         if self.role == "game":
             wire["groups"] = [g.to_wire() for g in self.groups]
-        else:
+        elif self.role == "trainer":
             wire["policy"] = self.policy
         return wire
 
@@ -169,7 +177,11 @@ class Hello:
             if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
                 raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.policy must be a non-empty string")
             return cls("trainer", protocol, name, token, policy=policy)
-        raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"hello.role must be 'game' or 'trainer', got {role!r}")
+        if role == "observer":
+            return cls("observer", protocol, name, token)
+        raise RemoteProtocolError(
+            ErrorCode.BAD_HELLO, f"hello.role must be 'game', 'trainer' or 'observer', got {role!r}"
+        )
 
 
 @dataclass
@@ -248,7 +260,11 @@ class Welcome:
 
 @dataclass
 class GameActions:
-    """The actions of every group of one game, answering its step ``tick``."""
+    """The actions for one game, answering its step ``tick``.
+
+    A group missing from ``groups`` is held: its agents keep executing their previous action
+    (hold-and-accumulate stepping, while that policy's trainer is busy).
+    """
 
     TYPE: ClassVar[str] = "actions"
     tick: int
@@ -354,6 +370,24 @@ class Waiting:
         )
 
 
+@dataclass
+class Status:
+    """The broker's live numbers, sent once to an observer."""
+
+    TYPE: ClassVar[str] = "status"
+    status: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": self.TYPE, "status": self.status}
+
+    @classmethod
+    def from_wire(cls, obj: dict[str, Any]) -> Status:
+        status = obj.get("status")
+        if not isinstance(status, dict):
+            raise _malformed("status.status must be a map")
+        return cls(status)
+
+
 # --- either direction -----------------------------------------------------------------------------
 
 
@@ -389,12 +423,36 @@ class Close:
 
 
 Message = (
-    Hello | GameStep | TrainerReset | TrainerAct | Welcome | GameActions | PolicyInfo | Batch | Waiting | Error | Close
+    Hello
+    | GameStep
+    | TrainerReset
+    | TrainerAct
+    | Welcome
+    | GameActions
+    | PolicyInfo
+    | Batch
+    | Waiting
+    | Status
+    | Error
+    | Close
 )
 
 MESSAGE_TYPES: dict[str, Any] = {
     cls.TYPE: cls
-    for cls in (Hello, GameStep, TrainerReset, TrainerAct, Welcome, GameActions, PolicyInfo, Batch, Waiting, Error, Close)
+    for cls in (
+        Hello,
+        GameStep,
+        TrainerReset,
+        TrainerAct,
+        Welcome,
+        GameActions,
+        PolicyInfo,
+        Batch,
+        Waiting,
+        Status,
+        Error,
+        Close,
+    )
 }
 
 

@@ -231,8 +231,10 @@ class PolicySpaces:
         return cls(obs, act)
 
     def describe_difference(self, other: PolicySpaces) -> str:
-        for label, mine, theirs in (("observation", self.observation, other.observation),
-                                    ("action", self.action, other.action)):
+        for label, mine, theirs in (
+            ("observation", self.observation, other.observation),
+            ("action", self.action, other.action),
+        ):
             if mine != theirs:
                 return f"{label} space {dict(theirs)} differs from the known {dict(mine)}"
         return "no difference"
@@ -263,9 +265,7 @@ class GroupSpec:
             raise _bad(f"{what}.policy must be a non-empty string, got {policy!r}")
         if not isinstance(n_agents, int) or isinstance(n_agents, bool) or not 1 <= n_agents <= MAX_AGENTS:
             raise _bad(f"{what}.n_agents must be an integer from 1 to {MAX_AGENTS}, got {n_agents!r}")
-        spaces = PolicySpaces.from_wire(
-            obj.get("observation_space"), obj.get("action_space"), f"{what}[{policy}]"
-        )
+        spaces = PolicySpaces.from_wire(obj.get("observation_space"), obj.get("action_space"), f"{what}[{policy}]")
         return cls(policy, n_agents, spaces)
 
 
@@ -289,11 +289,15 @@ def check_rows(
                 f"{what}.{key}: expected {space.wire_dtype} of shape {list(shape)}, "
                 f"got {array.dtype.name} of shape {list(array.shape)}",
             )
-        if isinstance(space, (DiscreteAction, DiscreteSpace)) and n_rows and (
-            array.min() < 0 or array.max() >= space.n
+        if (
+            isinstance(space, (DiscreteAction, DiscreteSpace))
+            and n_rows
+            and (array.min() < 0 or array.max() >= space.n)
         ):
             raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, {space.n})")
-        if isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace)) and n_rows and (
-            (array < 0).any() or (array >= np.asarray(space.nvec)).any()
+        if (
+            isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace))
+            and n_rows
+            and ((array < 0).any() or (array >= np.asarray(space.nvec)).any())
         ):
             raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, nvec) per column")

@@ -20,7 +20,7 @@ import structlog
 from broker.core.hub import GameSession, Hub, TrainerSession
 from broker.protocol.connection import BrokerConnection, LegacyMessage
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
-from broker.protocol.messages import Close, Error, GameStep, Hello, Message, TrainerAct, TrainerReset
+from broker.protocol.messages import Close, Error, GameStep, Hello, Message, Status, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
 
 log = structlog.get_logger("gdrl.server")
@@ -54,7 +54,7 @@ class PeerProtocol(asyncio.Protocol):
         if len(self.server.connections) > self.server.config.limit_connections:
             self._fail(ErrorCode.BROKER_FULL, f"connection limit {self.server.config.limit_connections} reached")
             return
-        transport.write(self.connection.greeting())
+        self.transport.write(self.connection.greeting())
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)
@@ -95,8 +95,11 @@ class PeerProtocol(asyncio.Protocol):
             self._check_token(event)
             if event.role == "game":
                 self.game = self.hub.add_game(self, event)
-            else:
+            elif event.role == "trainer":
                 self.trainer = self.hub.add_trainer(self, event)
+            else:
+                self.send(Status(self.server.status()))
+                self.close(Close("status sent"))
         elif isinstance(event, GameStep):
             assert self.game is not None
             self.hub.game_step(self.game, event)
@@ -200,6 +203,13 @@ class BrokerServer:
             await asyncio.sleep(self.config.status_interval)
             log.info("status", **self.hub.snapshot())
 
+    def status(self) -> dict[str, Any]:
+        return {
+            "uptime_s": round(time.monotonic() - self.started, 1),
+            "connections": len(self.connections),
+            **self.hub.snapshot(),
+        }
+
     def handle_legacy(self, peer: PeerProtocol, event: LegacyMessage) -> None:
         if self.legacy_handler is not None:
             self.legacy_handler(peer, event)
@@ -244,4 +254,4 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         import uvloop
     except ImportError:
         return asyncio.new_event_loop()
-    return uvloop.new_event_loop()  # type: ignore[no-any-return]
+    return uvloop.new_event_loop()

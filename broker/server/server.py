@@ -13,7 +13,7 @@ import hmac
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -42,7 +42,8 @@ class PeerProtocol(asyncio.Protocol):
     # --- asyncio callbacks -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        writer = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio subclasses
+        self.transport = writer
         sock = transport.get_extra_info("socket")
         peer = transport.get_extra_info("peername")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -54,7 +55,7 @@ class PeerProtocol(asyncio.Protocol):
         if len(self.server.connections) > self.server.config.limit_connections:
             self._fail(ErrorCode.BROKER_FULL, f"connection limit {self.server.config.limit_connections} reached")
             return
-        self.transport.write(self.connection.greeting())
+        writer.write(self.connection.greeting())
         loop = asyncio.get_running_loop()
         self._hello_timer = loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)

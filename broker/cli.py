@@ -34,6 +34,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_interval,
         help="seconds between status log lines (0: off)",
     )
+    parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     parser.add_argument("--log-level", default="info")
 
@@ -53,9 +54,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     )
 
 
-async def serve(config: ServerConfig) -> None:
+async def serve(config: ServerConfig, port_file: str | None = None) -> None:
     server = BrokerServer(config)
     await server.start()
+    if port_file:
+        with open(port_file + ".tmp", "w") as f:
+            f.write(str(server.port))
+        os.replace(port_file + ".tmp", port_file)  # readers never see a half-written file
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -90,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(2, f"gdrl-broker: {exc}\n")
         loop = new_event_loop()
         try:
-            loop.run_until_complete(serve(config))
+            loop.run_until_complete(serve(config, args.port_file))
         except OSError as exc:
             parser.exit(1, f"gdrl-broker: cannot listen: {exc}\n")
         finally:

@@ -8,6 +8,8 @@ import os
 import signal
 import sys
 
+from broker.launcher import GameLauncher, LaunchSpec, resolve_env_path
+from broker.legacy.edge import GodotRlTrainerConnector, parse_trainer_target
 from broker.log import configure_logging
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
@@ -18,7 +20,9 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default=defaults.host, help="address to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=defaults.port, help="the one port for games and trainers")
     parser.add_argument("--unix", dest="unix_path", default=None, help="also listen on this Unix socket path")
-    parser.add_argument("--games", type=int, default=defaults.expected_games, help="game instances to expect")
+    parser.add_argument(
+        "--games", type=int, default=None, help="game instances to expect (default: --n-parallel, else 1)"
+    )
     parser.add_argument(
         "--token",
         default=os.environ.get("GDRL_BROKER_TOKEN"),
@@ -35,6 +39,20 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between status log lines (0: off)",
     )
     parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
+    compat = parser.add_argument_group("godot_rl compatibility")
+    compat.add_argument("--env-path", default=None, help="exported game to launch, every copy on this broker's port")
+    compat.add_argument("--n-parallel", type=int, default=None, help="copies of --env-path to run (default 1)")
+    compat.add_argument("--speedup", type=float, default=None, help="pass --speedup=X to the games")
+    compat.add_argument("--action-repeat", type=int, default=None, help="pass --action_repeat=N to the games")
+    compat.add_argument("--seed", type=int, default=defaults.seed, help="copy i gets --env_seed=SEED+i")
+    compat.add_argument("--headless", action="store_true", help="run the games without window or rendering")
+    compat.add_argument(
+        "--godot-rl-trainer",
+        action="append",
+        default=[],
+        metavar="POLICY=HOST:PORT",
+        help="serve POLICY's agents to an unmodified godot_rl training script listening there (repeatable)",
+    )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     parser.add_argument("--log-level", default="info")
 
@@ -44,14 +62,32 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host,
         port=args.port,
         unix_path=args.unix_path,
-        expected_games=args.games,
+        expected_games=args.games if args.games is not None else (args.n_parallel or ServerConfig.expected_games),
         token=args.token,
         max_frame_bytes=args.max_frame_bytes,
         max_pending_bytes=args.max_pending_bytes,
         limit_connections=args.limit_connections,
         timeout_hello=args.timeout_hello,
         status_interval=args.status_interval,
+        env_path=args.env_path,
+        n_parallel=args.n_parallel or 1,
+        speedup=args.speedup,
+        action_repeat=args.action_repeat,
+        seed=args.seed,
+        headless=args.headless,
+        godot_rl_trainers=tuple(args.godot_rl_trainer),
     )
+
+
+def check_godot_rl_options(config: ServerConfig) -> None:
+    """Fail before listening: a missing game executable or a malformed trainer target (ValueError)."""
+    if config.env_path:
+        resolve_env_path(config.env_path)
+    elif config.n_parallel > 1:
+        raise ValueError("--n-parallel needs --env-path (the game to launch)")
+    policies = [parse_trainer_target(target)[0] for target in config.godot_rl_trainers]
+    if len(set(policies)) != len(policies):
+        raise ValueError(f"--godot-rl-trainer names a policy twice: {policies}")
 
 
 async def serve(config: ServerConfig, port_file: str | None = None) -> None:
@@ -61,12 +97,34 @@ async def serve(config: ServerConfig, port_file: str | None = None) -> None:
         with open(port_file + ".tmp", "w") as f:
             f.write(str(server.port))
         os.replace(port_file + ".tmp", port_file)  # readers never see a half-written file
+    launcher = None
+    if config.env_path:
+        spec = LaunchSpec(
+            config.env_path,
+            config.n_parallel,
+            server.port,
+            config.seed,
+            config.speedup,
+            config.action_repeat,
+            config.headless,
+        )
+        launcher = GameLauncher(spec)
+        launcher.start()
+    connectors = [GodotRlTrainerConnector(server, *parse_trainer_target(target)) for target in config.godot_rl_trainers]
+    for connector in connectors:
+        connector.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if launcher is not None:
+        launcher.stop_relaunching()
+    for connector in connectors:
+        await connector.stop()
     await server.shutdown()
+    if launcher is not None:
+        await launcher.stop()  # what the close message did not end
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             config = config_from_args(args)
             config.validate()
+            check_godot_rl_options(config)
         except ValueError as exc:
             parser.exit(2, f"gdrl-broker: {exc}\n")
         loop = new_event_loop()

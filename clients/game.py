@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from broker.protocol import PROTOCOL_VERSION
+from broker.protocol.codec import BodyKind
 from broker.protocol.messages import GameActions, GameStep, Hello, StepData
 from broker.protocol.spaces import GroupSpec
 from clients.errors import BrokerError
@@ -28,10 +29,11 @@ class GameClient:
         name: str | None = None,
         token: str | None = None,
         timeout_connect: float = 60.0,
+        codec: BodyKind = BodyKind.MSGPACK,
     ) -> None:
         self.groups = {g.policy: g for g in groups}
         hello = Hello("game", PROTOCOL_VERSION, name or default_name("game"), token, groups=tuple(groups))
-        self.socket = PeerSocket(address, hello, timeout_connect=timeout_connect)
+        self.socket = PeerSocket(address, hello, timeout_connect=timeout_connect, codec=codec)
         self.game_index = self.socket.welcome.game_index
         self.tick = 0
 

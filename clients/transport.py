@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from broker.protocol.codec import BodyKind
 from broker.protocol.connection import PeerConnection
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
@@ -64,9 +65,10 @@ class PeerSocket:
         hello: Hello,
         timeout_connect: float = 60.0,
         timeout_recv: float | None = None,
+        codec: BodyKind = BodyKind.MSGPACK,
     ) -> None:
         self.address = Address.parse(address) if isinstance(address, str) else address
-        self.connection = PeerConnection(hello)
+        self.connection = PeerConnection(hello, codec=codec)  # msgpack, or Godot Variant as the addon speaks
         self.sock = self._connect_with_backoff(timeout_connect)
         self.sock.settimeout(timeout_recv)
         self.closed = False

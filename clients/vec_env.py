@@ -121,7 +121,8 @@ class BrokerVecEnv(VecEnv):
         terminated = np.asarray(data.terminated)
         truncated = np.asarray(data.truncated)
         dones = terminated | truncated
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends.
+        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in (truncated & ~terminated).tolist()]
         for row, info in data.infos.items():
             infos[row].update(info)
         done_rows = np.flatnonzero(dones)
@@ -135,7 +136,6 @@ class BrokerVecEnv(VecEnv):
                 j = finals.get(row)
                 source, index = (final_obs, j) if j is not None else (obs, row)
                 infos[row]["terminal_observation"] = {k: v[index].copy() for k, v in source.items()}
-                infos[row]["TimeLimit.truncated"] = bool(truncated[row] and not terminated[row])
         return obs, np.array(data.reward, dtype=np.float32), dones, infos
 
     def close(self) -> None:
@@ -196,12 +196,11 @@ class BrokerEnv(gym.Env[dict[str, np.ndarray], Any]):
         self.venv.step_async(np.asarray([action]))
         obs, reward, dones, infos = self.venv.step_wait()
         info = infos[0]
-        assert isinstance(obs, dict)
-        if not dones[0]:
-            self._next_obs = obs
-            return {k: v[0] for k, v in obs.items()}, float(reward[0]), False, False, info
-        self._next_obs = obs
         truncated = bool(info.pop("TimeLimit.truncated"))
+        assert isinstance(obs, dict)
+        self._next_obs = obs
+        if not dones[0]:
+            return {k: v[0] for k, v in obs.items()}, float(reward[0]), False, False, info
         final = info.pop("terminal_observation")
         return final, float(reward[0]), not truncated, truncated, info
 

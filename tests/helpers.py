@@ -24,7 +24,7 @@ def python_env() -> dict[str, str]:
 def broker_process(tmp_path: Path, *args: str, timeout: float = 20.0) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """``gdrl-broker serve --port 0 ARGS`` as a subprocess; yields (process, "127.0.0.1:PORT")."""
     port_file = tmp_path / f"port-{time.monotonic_ns()}"
-    log = open(tmp_path / f"broker-{time.monotonic_ns()}.log", "wb")  # noqa: SIM115
+    log = open(tmp_path / f"broker-{time.monotonic_ns()}.log", "wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "broker", "serve", "--port", "0", "--port-file", str(port_file), *args],
         stdout=log,

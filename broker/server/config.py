@@ -23,6 +23,14 @@ class ServerConfig:
     timeout_hello: float = 30.0
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
+    # godot_rl compatibility: games the broker launches, and godot_rl training scripts it serves
+    env_path: str | None = None
+    n_parallel: int = 1
+    speedup: float | None = None
+    action_repeat: int | None = None
+    seed: int = 0
+    headless: bool = False
+    godot_rl_trainers: tuple[str, ...] = ()  # "POLICY=HOST:PORT" each
 
     def validate(self) -> None:
         if not self.is_loopback() and not self.token:
@@ -32,6 +40,10 @@ class ServerConfig:
             )
         if self.expected_games < 1:
             raise ValueError("--games must be at least 1")
+        if self.n_parallel < 1:
+            raise ValueError("--n-parallel must be at least 1")
+        if self.action_repeat is not None and self.action_repeat < 1:
+            raise ValueError("--action-repeat must be at least 1")
 
     def is_loopback(self) -> bool:
         if self.host in LOOPBACK_NAMES:

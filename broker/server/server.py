@@ -13,11 +13,13 @@ import hmac
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 import structlog
 
 from broker.core.hub import GameSession, Hub, TrainerSession
+from broker.legacy.edge import GodotRlGames
 from broker.protocol.connection import BrokerConnection, LegacyMessage
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.protocol.messages import Close, Error, GameStep, Hello, Message, Status, TrainerAct, TrainerReset
@@ -38,6 +40,7 @@ class PeerProtocol(asyncio.Protocol):
         self.closing = False
         self._hello_timer: asyncio.TimerHandle | None = None
         self.legacy_close: Any = None  # set by the godot_rl adapter: how to say goodbye to such a game
+        self.legacy_send: Callable[[Message], None] | None = None  # set by the godot_rl adapter: hub -> JSON
 
     # --- asyncio callbacks -----------------------------------------------------------------------
 
@@ -141,6 +144,9 @@ class PeerProtocol(asyncio.Protocol):
     def send(self, message: Message) -> None:
         if self.closing or self.transport is None:
             return
+        if self.legacy_send is not None:  # a godot_rl plugin game: its adapter speaks JSON for the hub
+            self.legacy_send(message)
+            return
         self.transport.write(self.connection.send(message))
         if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
             self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
@@ -169,7 +175,7 @@ class BrokerServer:
         self._servers: list[asyncio.base_events.Server] = []
         self._status_task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
-        self.legacy_handler: Any = None
+        self.legacy_handler: Any = GodotRlGames(self)  # serves unmodified godot_rl plugin games
 
     @property
     def port(self) -> int:
@@ -226,12 +232,12 @@ class BrokerServer:
         if self._status_task is not None:
             self._status_task.cancel()
         for peer in list(self.connections):
-            if peer.trainer is not None:
+            if peer.legacy_close is not None:  # before .game: a plugin game is told in its own words
+                peer.legacy_close()
+            elif peer.trainer is not None:
                 peer.close(Error(ErrorCode.SHUTTING_DOWN.value, reason))
             elif peer.game is not None:
                 peer.close(Close(reason))
-            elif peer.legacy_close is not None:
-                peer.legacy_close()
             else:
                 peer.close()
         deadline = time.monotonic() + self.config.timeout_shutdown

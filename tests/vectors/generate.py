@@ -49,6 +49,7 @@ from broker.protocol.spaces import (  # noqa: E402
 )
 
 OUT = Path(__file__).with_name("protocol_v1.json")
+OUT_GODOT = Path(__file__).with_name("protocol_v1_godot.json")  # the Godot addon's codec
 
 PLAYER = PolicySpaces(
     (("obs", BoxSpace((3,), "float32", -1.0, 1.0)), ("camera_2d", BoxSpace((2, 2, 3), "uint8", 0.0, 255.0))),
@@ -178,7 +179,7 @@ def messages() -> list[tuple[str, str, Message]]:
             "trainer->broker",
             TrainerAct(12, {"move": f32([0.25, -1.0], [1.0, 0.0]), "jump": np.array([1, 0], np.int32)}),
         ),
-        ("status", "broker->observer", Status({"games": {"0": "level-1"}, "uptime_s": 1.5})),
+        ("status", "broker->observer", Status({"games": [{"slot": 0, "name": "level-1"}], "uptime_s": 1.5})),
         ("error_version", "broker->peer", Error("version_mismatch", "peer speaks protocol 2, this broker speaks 1")),
         ("close", "either", Close("broker shutting down")),
     ]
@@ -231,6 +232,13 @@ def render() -> str:
     return json.dumps(build(), indent=1) + "\n"
 
 
+def render_godot() -> str:
+    """The same messages in the Godot addon's codec: Variant bodies as ``var_to_bytes`` writes them."""
+    return json.dumps(build(BodyKind.GODOT), indent=1) + "\n"
+
+
 if __name__ == "__main__":
     OUT.write_text(render())
     print(f"wrote {OUT}")
+    OUT_GODOT.write_text(render_godot())
+    print(f"wrote {OUT_GODOT}")

@@ -1,0 +1,322 @@
+"""The godot_rl JSON wire, sans-IO: frames, space translation, and per-agent values <-> numpy arrays.
+
+godot_rl sends one JSON object per frame (u32 little-endian length, then the text) and per-agent
+values as lists of dicts, one dict per agent. Our hub works with one array per key for a whole group.
+This module converts between the two, one key at a time, so that the per-agent work is a single
+``tolist()`` or ``np.asarray`` per key.
+
+godot_rl's conventions that matter here (``docs/migration.md`` and the protocol reference, section 2):
+
+* A box observation ``{"size": [..], "space": "box"}`` is ``float32`` in [-1, 1] unless it names
+  ``low``/``high``; a box whose key contains ``"2d"`` is an image: ``uint8`` in [0, 255] of shape ``size``,
+  sent as a hex string of its bytes.
+* ``{"size": n, "space": "discrete"}`` observations and ``{"size": n, "action_type": "discrete"}``
+  actions are single integers; continuous actions are ``size`` floats.
+* Text is ASCII with ``json.dumps``' default separators, and lengths count bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Final
+
+import numpy as np
+
+from broker.protocol.codec import BodyKind, body_kind, unpack_json
+from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from broker.protocol.spaces import (
+    BoxSpace,
+    ContinuousAction,
+    DiscreteAction,
+    DiscreteSpace,
+    PolicySpaces,
+)
+
+GODOT_RL_MAJOR: Final = "0"
+GODOT_RL_MINOR: Final = "7"
+DEFAULT_POLICY: Final = "shared_policy"  # what godot_rl assumes when a plugin sends no policy names
+IMAGE_MARK: Final = "2d"
+
+
+def is_image_key(key: str) -> bool:
+    """godot_rl decodes an observation key as a hex-encoded ``uint8`` image when its name contains "2d"."""
+    return IMAGE_MARK in key
+
+
+# --- frames ---------------------------------------------------------------------------------------
+
+
+def _plain(value: Any) -> Any:
+    """json.dumps fallback for numpy values that reach an info map."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value).hex()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_message(obj: dict[str, Any]) -> bytes:
+    """One frame exactly as godot_rl's Python side writes it: ``json.dumps`` defaults, ASCII, byte length."""
+    try:
+        text = json.dumps(obj, default=_plain)
+    except (TypeError, ValueError) as exc:
+        raise LocalProtocolError(ErrorCode.INTERNAL, f"cannot encode a godot_rl message: {exc}") from None
+    return encode_frame(text.encode("ascii"))
+
+
+class MessageDecoder:
+    """Splits a byte stream into godot_rl JSON messages; anything that is not a JSON object is the peer's fault."""
+
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        self._frames = FrameDecoder(max_frame_bytes)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._frames.feed(data)
+
+    def next_message(self) -> dict[str, Any] | None:
+        body = self._frames.next_frame()
+        if body is None:
+            return None
+        if body_kind(body) is not BodyKind.JSON:
+            raise RemoteProtocolError(ErrorCode.MALFORMED, "expected a godot_rl JSON frame")
+        return unpack_json(body)
+
+
+def message_type(body: dict[str, Any]) -> str:
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        raise RemoteProtocolError(ErrorCode.MALFORMED, f"godot_rl message without a string 'type': {kind!r}")
+    return kind
+
+
+def _field_list(body: dict[str, Any], key: str, n: int, what: str, code: ErrorCode) -> list[Any]:
+    value = body.get(key)
+    if not isinstance(value, list) or len(value) != n:
+        got = f"{len(value)} entries" if isinstance(value, list) else repr(value)[:60]
+        raise RemoteProtocolError(code, f"{what}: '{key}' must list {n} entries, one per agent; got {got}")
+    return value
+
+
+# --- spaces: godot_rl form -> ours ----------------------------------------------------------------
+
+
+def _bad_spaces(message: str) -> RemoteProtocolError:
+    return RemoteProtocolError(ErrorCode.BAD_SPACES, message)
+
+
+def _shape(size: Any, what: str) -> list[int]:
+    """godot_rl's box ``size`` is a shape list; older scripts send a bare length."""
+    if isinstance(size, int) and not isinstance(size, bool):
+        return [size]
+    if isinstance(size, list):
+        return size
+    raise _bad_spaces(f"{what}.size must be a list of dimensions, got {size!r}")
+
+
+def observation_wire(key: str, space: Any, what: str) -> dict[str, Any]:
+    """One godot_rl observation space as our wire form (validated later by ``PolicySpaces.from_wire``)."""
+    if not isinstance(space, dict):
+        raise _bad_spaces(f"{what}: expected a map, got {space!r:.60}")
+    kind = space.get("space")
+    if kind == "box":
+        shape = _shape(space.get("size"), what)
+        if is_image_key(key):
+            return {"space": "box", "shape": shape, "dtype": "uint8", "low": 0.0, "high": 255.0}
+        return {
+            "space": "box",
+            "shape": shape,
+            "dtype": "float32",
+            "low": space.get("low", -1.0),
+            "high": space.get("high", 1.0),
+        }
+    if kind == "discrete":
+        return {"space": "discrete", "n": space.get("size")}
+    raise _bad_spaces(f"{what}: godot_rl knows observation spaces 'box' and 'discrete', got {kind!r}")
+
+
+def action_wire(space: Any, what: str) -> dict[str, Any]:
+    if not isinstance(space, dict):
+        raise _bad_spaces(f"{what}: expected a map, got {space!r:.60}")
+    kind = space.get("action_type")
+    if kind not in ("continuous", "discrete"):
+        raise _bad_spaces(f"{what}: godot_rl knows action types 'continuous' and 'discrete', got {kind!r}")
+    return {"action_type": kind, "size": space.get("size")}
+
+
+def policy_spaces_from_godot(observation: Any, action: Any, what: str) -> PolicySpaces:
+    """One agent's godot_rl ``observation_space``/``action_space`` entries as our PolicySpaces."""
+    if not isinstance(observation, dict) or not isinstance(action, dict):
+        raise _bad_spaces(f"{what}: observation and action spaces must be maps of key to space")
+    obs = {str(k): observation_wire(str(k), v, f"{what}.observation_space.{k}") for k, v in observation.items()}
+    act = {str(k): action_wire(v, f"{what}.action_space.{k}") for k, v in action.items()}
+    return PolicySpaces.from_wire(obs, act, what)
+
+
+# --- spaces: ours -> godot_rl form ----------------------------------------------------------------
+
+
+def godot_spaces(spaces: PolicySpaces, policy: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One agent's spaces as a godot_rl plugin would announce them. Raises ValueError for spaces that
+    godot_rl cannot express (multi-discrete, or a "2d" key that is not a uint8 box)."""
+    observation: dict[str, Any] = {}
+    for key, space in spaces.observation:
+        if isinstance(space, BoxSpace):
+            if is_image_key(key) and space.dtype != "uint8":
+                raise ValueError(
+                    f"policy '{policy}': observation '{key}' contains \"2d\", so godot_rl reads it as a uint8 "
+                    f"image, but it is {space.dtype}; rename the key"
+                )
+            entry: dict[str, Any] = {"size": list(space.shape), "space": "box"}
+            if not is_image_key(key) and math.isfinite(space.low) and math.isfinite(space.high):
+                entry["low"], entry["high"] = space.low, space.high
+            observation[key] = entry
+        elif isinstance(space, DiscreteSpace):
+            observation[key] = {"size": space.n, "space": "discrete"}
+        else:
+            raise ValueError(f"policy '{policy}': godot_rl has no multi-discrete observations ('{key}')")
+    action: dict[str, Any] = {}
+    for key, act in spaces.action:
+        if isinstance(act, ContinuousAction):
+            action[key] = {"size": act.size, "action_type": "continuous"}
+        elif isinstance(act, DiscreteAction):
+            action[key] = {"size": act.n, "action_type": "discrete"}
+        else:
+            raise ValueError(f"policy '{policy}': godot_rl has no multi-discrete actions ('{key}')")
+    return observation, action
+
+
+# --- values: per-agent dicts -> arrays ------------------------------------------------------------
+
+
+def decode_rows(
+    spaces: PolicySpaces, rows: list[Any], what: str, code: ErrorCode = ErrorCode.BAD_STEP
+) -> dict[str, np.ndarray]:
+    """Per-agent observation dicts (godot_rl form) -> one array per key with a leading row axis."""
+    n = len(rows)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise RemoteProtocolError(code, f"{what}[{i}] must be a map of observation key to value")
+    out: dict[str, np.ndarray] = {}
+    for key, space in spaces.observation:
+        try:
+            values = [row[key] for row in rows]
+        except KeyError:
+            missing = next(i for i, row in enumerate(rows) if key not in row)
+            raise RemoteProtocolError(code, f"{what}[{missing}] lacks observation '{key}'") from None
+        out[key] = _decode_values(key, space, values, n, f"{what}.{key}", code)
+    return out
+
+
+def _decode_values(key: str, space: Any, values: list[Any], n: int, what: str, code: ErrorCode) -> np.ndarray:
+    if isinstance(space, BoxSpace) and is_image_key(key):
+        length = 2 * math.prod(space.shape)
+        if not all(isinstance(v, str) and len(v) == length for v in values):
+            raise RemoteProtocolError(code, f"{what}: every agent's image must be a hex string of {length} characters")
+        try:
+            raw = bytes.fromhex("".join(values))
+        except ValueError:
+            raise RemoteProtocolError(code, f"{what}: image is not a hex string") from None
+        return np.frombuffer(raw, np.uint8).reshape(n, *space.shape)
+    if isinstance(space, DiscreteSpace):
+        array = _numbers(values, what, code)
+        if array.shape != (n,) or not np.all(np.mod(array, 1) == 0):
+            raise RemoteProtocolError(code, f"{what}: a discrete observation is one integer per agent")
+        return array.astype(np.int32)
+    assert isinstance(space, BoxSpace)
+    array = _numbers(values, what, code)
+    size = math.prod(space.shape)
+    if array.size != n * size:
+        raise RemoteProtocolError(code, f"{what}: expected {size} numbers per agent (shape {list(space.shape)})")
+    return array.reshape(n, *space.shape).astype(space.dtype)
+
+
+def _numbers(values: Any, what: str, code: ErrorCode) -> np.ndarray:
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise RemoteProtocolError(code, f"{what}: expected numbers, got {values!r:.80}") from None
+    if not np.all(np.isfinite(array)):
+        raise RemoteProtocolError(code, f"{what}: numbers must be finite")
+    return array
+
+
+def decode_numbers(values: Any, n: int, what: str, code: ErrorCode) -> np.ndarray:
+    """A list of ``n`` plain numbers (rewards) as float64."""
+    if not isinstance(values, list) or len(values) != n:
+        raise RemoteProtocolError(code, f"{what}: expected a list of {n} numbers")
+    array = _numbers(values, what, code)
+    if array.shape != (n,):
+        raise RemoteProtocolError(code, f"{what}: expected one number per agent")
+    return array
+
+
+def decode_flags(values: Any, n: int, what: str, code: ErrorCode) -> np.ndarray:
+    """godot_rl's ``done``: bools (or 0/1) per agent."""
+    if not isinstance(values, list) or len(values) != n or not all(isinstance(v, (bool, int, float)) for v in values):
+        raise RemoteProtocolError(code, f"{what}: expected a list of {n} booleans")
+    return np.asarray(values, dtype=np.float64) != 0
+
+
+def decode_actions(spaces: PolicySpaces, rows: list[Any], what: str) -> dict[str, np.ndarray]:
+    """Per-agent action dicts from a godot_rl trainer -> one wire-dtype array per key."""
+    n = len(rows)
+    out: dict[str, np.ndarray] = {}
+    keys = {key for key, _ in spaces.action}
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or set(row) != keys:
+            raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"{what}[{i}] must map exactly the keys {sorted(keys)}")
+    for key, space in spaces.action:
+        array = _numbers([row[key] for row in rows], f"{what}.{key}", ErrorCode.BAD_ACTIONS)
+        if isinstance(space, ContinuousAction):
+            if array.shape != (n, space.size):
+                raise RemoteProtocolError(
+                    ErrorCode.BAD_ACTIONS, f"{what}.{key}: expected {space.size} floats per agent"
+                )
+            out[key] = array.astype(np.float32)
+        else:
+            array = array.reshape(-1) if array.shape == (n, 1) else array  # a one-element list is tolerated
+            if array.shape != (n,) or not np.all(np.mod(array, 1) == 0):
+                raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"{what}.{key}: expected one integer per agent")
+            out[key] = array.astype(np.int32)
+    return out
+
+
+# --- values: arrays -> per-agent dicts ------------------------------------------------------------
+
+
+def encode_rows(spaces: PolicySpaces, obs: dict[str, np.ndarray], hex_images: bool = True) -> list[dict[str, Any]]:
+    """One array per key -> per-agent dicts in key order. Images become hex strings unless ``hex_images``
+    is False (then nested lists, which SB3 can read straight from an info map)."""
+    columns: list[tuple[str, list[Any]]] = []
+    n = 0
+    for key, space in spaces.observation:
+        array = np.asarray(obs[key])
+        n = array.shape[0]
+        if hex_images and isinstance(space, BoxSpace) and is_image_key(key):
+            raw = np.ascontiguousarray(array, np.uint8).reshape(n, -1)
+            columns.append((key, [row.tobytes().hex() for row in raw]))
+        elif array.dtype.kind == "f":
+            columns.append((key, array.astype(np.float64).tolist()))
+        else:
+            columns.append((key, array.tolist()))
+    return [{key: values[i] for key, values in columns} for i in range(n)]
+
+
+def encode_actions(spaces: PolicySpaces, actions: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """One array per action key -> per-agent dicts: continuous as float lists, discrete as ints."""
+    columns: list[tuple[str, list[Any]]] = []
+    n = 0
+    for key, space in spaces.action:
+        array = np.asarray(actions[key])
+        n = array.shape[0]
+        if isinstance(space, ContinuousAction):
+            # A diverged policy may produce NaN; Godot's JSON parser has no NaN, so send a neutral action.
+            values = np.nan_to_num(array.astype(np.float64), nan=0.0, posinf=1.0, neginf=-1.0)
+            columns.append((key, values.reshape(n, space.size).tolist()))
+        else:
+            columns.append((key, array.astype(np.int64).reshape(n).tolist()))
+    return [{key: values[i] for key, values in columns} for i in range(n)]

@@ -1,0 +1,103 @@
+"""Frame decoder: split streams correctly, refuse huge lengths before allocating, fail only with
+RemoteProtocolError on garbage."""
+
+from __future__ import annotations
+
+import struct
+import tracemalloc
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from broker.protocol.connection import BrokerConnection
+from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.framing import FrameDecoder, encode_frame
+from broker.protocol.messages import GameStep, Hello, TrainerReset
+
+
+def test_frames_split_across_arbitrary_chunks() -> None:
+    bodies = [b"a", b"", b"hello world", bytes(range(256)) * 40]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    for chunk in (1, 3, 7, 4096):
+        decoder = FrameDecoder()
+        out = []
+        for i in range(0, len(stream), chunk):
+            decoder.feed(stream[i : i + chunk])
+            while (frame := decoder.next_frame()) is not None:
+                out.append(frame)
+        assert out == bodies
+        assert decoder.buffered_bytes == 0
+
+
+def test_header_is_little_endian_u32() -> None:
+    assert encode_frame(b"xyz")[:4] == b"\x03\x00\x00\x00"
+    assert encode_frame(b"\x00" * 300)[:4] == struct.pack("<I", 300)
+
+
+def test_over_limit_length_is_refused_from_the_header_alone() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1000)
+    decoder.feed(struct.pack("<I", 1001))
+    with pytest.raises(RemoteProtocolError) as err:
+        decoder.next_frame()
+    assert err.value.code is ErrorCode.FRAME_TOO_LARGE
+
+
+def test_huge_declared_length_allocates_nothing() -> None:
+    decoder = FrameDecoder(max_frame_bytes=2**32 - 1)  # even with no effective limit
+    tracemalloc.start()
+    try:
+        decoder.feed(struct.pack("<I", 2**32 - 1) + b"x" * 10)
+        assert decoder.next_frame() is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024
+    assert decoder.buffered_bytes == 14
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=300), st.integers(min_value=1, max_value=64))
+def test_random_streams_give_messages_or_protocol_errors(data: bytes, chunk: int) -> None:
+    connection = BrokerConnection(max_frame_bytes=4096)
+    try:
+        for i in range(0, len(data), chunk):
+            connection.receive_data(data[i : i + chunk])
+            while connection.next_event() is not None:
+                pass
+    except RemoteProtocolError:
+        pass
+
+
+def _valid_stream() -> bytes:
+    from broker.protocol import PROTOCOL_VERSION
+    from tests.vectors.generate import messages
+
+    parts = []
+    for _, _, message in messages():
+        if isinstance(message, (Hello, GameStep, TrainerReset)):
+            parts.append(BrokerConnection().send(message))
+    assert PROTOCOL_VERSION == 1
+    return b"".join(parts)
+
+
+VALID = _valid_stream()
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.integers(min_value=0, max_value=len(VALID)),
+    st.lists(st.tuples(st.integers(0, len(VALID) - 1), st.integers(0, 255)), max_size=6),
+)
+def test_truncated_and_mutated_valid_streams(cut: int, flips: list[tuple[int, int]]) -> None:
+    data = bytearray(VALID[:cut])
+    for pos, value in flips:
+        if pos < len(data):
+            data[pos] = value
+    connection = BrokerConnection(max_frame_bytes=1 << 16)
+    connection.receive_data(bytes(data))
+    try:
+        while connection.next_event() is not None:
+            pass
+    except RemoteProtocolError:
+        pass

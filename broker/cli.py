@@ -38,6 +38,14 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_interval,
         help="seconds between status log lines (0: off)",
     )
+    parser.add_argument("--stepping", choices=["hold", "barrier"], default=defaults.stepping,
+                        help="default for policies whose trainer does not choose: hold (a game never waits "
+                        "longer than the deadline for a busy trainer) or barrier (lock-step)")
+    parser.add_argument("--deadline-ms", type=float, default=None,
+                        help="how long a game tick waits for a policy's actions (hold default: 20 ms; "
+                        "barrier default: no limit)")
+    parser.add_argument("--hold-action", choices=["repeat", "noop"], default=defaults.hold_action,
+                        help="what held agents do: repeat their last action, or all-zero actions")
     parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
     compat = parser.add_argument_group("godot_rl compatibility")
     compat.add_argument("--env-path", default=None, help="exported game to launch, every copy on this broker's port")
@@ -69,6 +77,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limit_connections=args.limit_connections,
         timeout_hello=args.timeout_hello,
         status_interval=args.status_interval,
+        stepping=args.stepping,
+        deadline_ms=args.deadline_ms,
+        hold_action=args.hold_action,
         env_path=args.env_path,
         n_parallel=args.n_parallel or 1,
         speedup=args.speedup,

@@ -11,7 +11,7 @@ from typing import Any
 from broker.core.hub import TrainerSession
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, ProtocolError
-from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset, Welcome
+from broker.protocol.messages import Close, Error, Hello, Message, StepOptions, TrainerAct, TrainerReset, Welcome
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
 from clients.errors import BrokerError
@@ -60,8 +60,9 @@ class InProcessBroker:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
 
-    def vec_env(self, policy: str, name: str = "") -> BrokerVecEnv:
-        return BrokerVecEnv(policy, link=InProcessTrainerLink(self, policy, name or f"in-process[{policy}]"))
+    def vec_env(self, policy: str, name: str = "", stepping: StepOptions | None = None) -> BrokerVecEnv:
+        link = InProcessTrainerLink(self, policy, name or f"in-process[{policy}]", stepping)
+        return BrokerVecEnv(policy, link=link)
 
     def close(self) -> None:
         if self.closed:
@@ -111,11 +112,11 @@ class _LoopSide:
 class InProcessTrainerLink:
     """The VecEnv's side: ``send`` hands messages to the hub's thread, ``recv`` reads the inbox."""
 
-    def __init__(self, broker: InProcessBroker, policy: str, name: str) -> None:
+    def __init__(self, broker: InProcessBroker, policy: str, name: str, stepping: StepOptions | None = None) -> None:
         self.broker = broker
         self.side = _LoopSide(name)
         self.closed = False
-        hello = Hello("trainer", PROTOCOL_VERSION, name, broker.config.token, policy=policy)
+        hello = Hello("trainer", PROTOCOL_VERSION, name, broker.config.token, policy=policy, stepping=stepping)
 
         def join() -> TrainerSession:
             return broker.server.hub.add_trainer(self.side, hello)

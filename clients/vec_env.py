@@ -17,10 +17,11 @@ from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, TrainerAct, TrainerReset, Waiting
+from broker.protocol.errors import ErrorCode
+from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
 from clients.errors import BrokerError
 from clients.spaces import ActionCodec, convert_obs, observation_dict
-from clients.transport import Address, PeerSocket, default_name
+from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name
 
 log = structlog.get_logger("gdrl.trainer")
 
@@ -41,6 +42,13 @@ class BrokerVecEnv(VecEnv):
     Episodes end per agent and games reset agents themselves: on an episode end the info holds
     ``terminal_observation`` and ``TimeLimit.truncated`` and the returned observation is the next
     episode's first. ``reset()`` returns the current observations; it does not reset the games.
+
+    A lost broker (connection dropped; with ``reconnect_on_shutdown`` also an orderly shutdown) is
+    reconnected for up to ``timeout_reconnect`` seconds (0: never; an in-process ``link`` never is). The
+    broker must offer the same spaces and ``n_envs`` again (else BrokerError ``space_mismatch``). The
+    interrupted ``step_wait`` then returns the new session's first observations with every env done and
+    truncated (``terminal_observation`` = the last observation returned, reward 0, ``broker_reconnected``
+    in the info). After the timeout it raises BrokerGoneError.
     """
 
     def __init__(
@@ -51,34 +59,51 @@ class BrokerVecEnv(VecEnv):
         name: str | None = None,
         token: str | None = None,
         timeout_connect: float = 60.0,
+        stepping: StepOptions | None = None,
         link: TrainerLink | None = None,
+        timeout_reconnect: float = DEFAULT_TIMEOUT_RECONNECT,
+        reconnect_on_shutdown: bool = False,
     ) -> None:
         self.policy = policy
         self.closed = False
+        self.timeout_reconnect = timeout_reconnect
+        self.reconnect_on_shutdown = reconnect_on_shutdown
+        self.reconnects = 0
+        self._socket: PeerSocket | None = None  # only a socket of our own can be reconnected
+        self._lost: BrokerError | None = None  # the broker was lost in step_async; step_wait reconnects
+        self._last_obs: dict[str, np.ndarray] | None = None  # what reset/step_wait last returned
+        self._built = False
         self._open_step: int | None = None
         self._pending: dict[str, np.ndarray] | None = None
         self.last_waiting: str | None = None
         if link is None:
-            hello = Hello("trainer", PROTOCOL_VERSION, name or default_name(f"trainer[{policy}]"), token, policy=policy)
-            link = PeerSocket(address, hello, timeout_connect=timeout_connect)
+            trainer_name = name or default_name(f"trainer[{policy}]")
+            hello = Hello("trainer", PROTOCOL_VERSION, trainer_name, token, policy=policy, stepping=stepping)
+            link = self._socket = PeerSocket(address, hello, timeout_connect=timeout_connect)
         self._link = link
-        info = self._await(PolicyInfo)
+        try:
+            info = self._await(PolicyInfo)
+        except BrokerError as exc:
+            if not self._lost_broker(exc):
+                raise
+            info = self._reconnect(exc)
         assert isinstance(info, PolicyInfo)
-        self.policy_info = info
         self.spaces = info.spaces
         self._codec = ActionCodec(info.spaces)
+        self._attrs: dict[str, list[Any]] = {"render_mode": [None] * info.n_envs, "policy": [policy] * info.n_envs}
+        self._adopt_layout(info)
+        super().__init__(info.n_envs, observation_dict(info.spaces), self._codec.space)
+        self._built = True
+
+    def _adopt_layout(self, info: PolicyInfo) -> None:
+        self.policy_info = info
         game_index = np.zeros(info.n_envs, np.int64)
         agent_index = np.zeros(info.n_envs, np.int64)
         for game in info.games:
             game_index[game.offset : game.offset + game.n_agents] = game.game_index
             agent_index[game.offset : game.offset + game.n_agents] = np.arange(game.n_agents)
-        self._attrs: dict[str, list[Any]] = {
-            "render_mode": [None] * info.n_envs,
-            "policy": [policy] * info.n_envs,
-            "game_index": game_index.tolist(),
-            "agent_index": agent_index.tolist(),
-        }
-        super().__init__(info.n_envs, observation_dict(info.spaces), self._codec.space)
+        self._attrs["game_index"] = game_index.tolist()
+        self._attrs["agent_index"] = agent_index.tolist()
 
     # --- messages --------------------------------------------------------------------------------
 
@@ -103,26 +128,46 @@ class BrokerVecEnv(VecEnv):
     # --- VecEnv API ------------------------------------------------------------------------------
 
     def reset(self) -> VecEnvObs:
-        self._link.send(TrainerReset())
-        batch = self._next_batch()
+        lost, self._lost = self._lost, None
+        try:
+            if lost is not None:
+                raise lost
+            self._link.send(TrainerReset())
+            batch = self._next_batch()
+        except BrokerError as exc:
+            if not self._lost_broker(exc):
+                raise
+            batch = self._reconnect_and_reset(exc)
         self._reset_seeds()
         self._reset_options()
         self.reset_infos = [dict(batch.data.infos.get(i, {})) for i in range(self.num_envs)]
-        return convert_obs(self.spaces, batch.data.obs)
+        self._last_obs = convert_obs(self.spaces, batch.data.obs)
+        return self._last_obs
 
     def step_async(self, actions: np.ndarray) -> None:
         if self._open_step is None:
             raise BrokerError("unexpected_message", "call reset() before step()")
-        self._link.send(TrainerAct(self._open_step, self._codec.to_wire(actions)))
+        try:
+            self._link.send(TrainerAct(self._open_step, self._codec.to_wire(actions)))
+        except BrokerError as exc:
+            if not self._lost_broker(exc):
+                raise
+            self._lost = exc
 
     def step_wait(self) -> VecEnvStepReturn:
-        data = self._next_batch().data
+        batch, resumed = self._batch_after_act()
+        if resumed:
+            return self._resume_after_reconnect(batch)
+        data = batch.data
         obs = convert_obs(self.spaces, data.obs)
         terminated = np.asarray(data.terminated)
         truncated = np.asarray(data.truncated)
         dones = terminated | truncated
         # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends.
         infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in (truncated & ~terminated).tolist()]
+        if data.frames is not None:  # hold mode: game ticks each transition spanned
+            for info, frames in zip(infos, data.frames.tolist(), strict=True):
+                info["frames"] = frames
         for row, info in data.infos.items():
             infos[row].update(info)
         done_rows = np.flatnonzero(dones)
@@ -136,7 +181,85 @@ class BrokerVecEnv(VecEnv):
                 j = finals.get(row)
                 source, index = (final_obs, j) if j is not None else (obs, row)
                 infos[row]["terminal_observation"] = {k: v[index].copy() for k, v in source.items()}
+        self._last_obs = obs
         return obs, np.array(data.reward, dtype=np.float32), dones, infos
+
+    # --- surviving a lost broker -----------------------------------------------------------------
+
+    def _lost_broker(self, exc: BrokerError) -> bool:
+        if self._socket is None or self.timeout_reconnect <= 0 or self.closed:
+            return False
+        return self._socket.lost_broker(exc, self.reconnect_on_shutdown)
+
+    def _batch_after_act(self) -> tuple[Batch, bool]:
+        """The batch answering our actions; or, once the broker was lost, the new session's first batch
+        (and True)."""
+        if self._lost is None:
+            try:
+                return self._next_batch(), False
+            except BrokerError as exc:
+                if not self._lost_broker(exc):
+                    raise
+                self._lost = exc
+        lost, self._lost = self._lost, None
+        return self._reconnect_and_reset(lost), True
+
+    def _resume_after_reconnect(self, batch: Batch) -> VecEnvStepReturn:
+        """The interrupted step ends every episode, truncated at the last observation SB3 saw; the new
+        session's observations start the next ones. Its reward is 0: no action of ours produced it."""
+        data = batch.data
+        obs = convert_obs(self.spaces, data.obs)
+        last = self._last_obs if self._last_obs is not None else obs
+        infos: list[dict[str, Any]] = []
+        for row in range(self.num_envs):
+            info = dict(data.infos.get(row, {}))
+            info.update({"TimeLimit.truncated": True, "broker_reconnected": True})
+            info["terminal_observation"] = {k: v[row].copy() for k, v in last.items()}
+            infos.append(info)
+        self._last_obs = obs
+        return obs, np.zeros(self.num_envs, np.float32), np.ones(self.num_envs, np.bool_), infos
+
+    def _reconnect_and_reset(self, cause: BrokerError) -> Batch:
+        while True:
+            self._reconnect(cause)
+            try:
+                self._link.send(TrainerReset())
+                return self._next_batch()
+            except BrokerError as exc:
+                if not self._lost_broker(exc):
+                    raise
+                cause = exc
+
+    def _reconnect(self, cause: BrokerError) -> PolicyInfo:
+        """Say hello again until the broker answers with this policy's layout (BrokerGoneError after
+        ``timeout_reconnect`` without a broker); the layout must be the one this VecEnv was built for."""
+        assert self._socket is not None
+        address = str(self._socket.address)
+        while True:
+            log.warning("lost the broker; reconnecting", policy=self.policy, address=address, error=cause.message)
+            self._socket.reconnect(self.timeout_reconnect, cause)
+            try:
+                info = self._await(PolicyInfo)
+            except BrokerError as exc:
+                if not self._lost_broker(exc):
+                    raise
+                cause = exc
+                continue
+            assert isinstance(info, PolicyInfo)
+            if self._built and (info.n_envs != self.num_envs or info.spaces != self.spaces):
+                self.closed = True
+                self._socket.close("layout changed")
+                raise BrokerError(
+                    ErrorCode.SPACE_MISMATCH.value,
+                    f"after reconnecting to the broker at {address}, policy '{self.policy}' has {info.n_envs} envs "
+                    f"and spaces {info.spaces}; this VecEnv was built for {self.num_envs} envs and {self.spaces}. "
+                    "Start a new trainer for the new layout.",
+                )
+            if self._built:
+                self._adopt_layout(info)
+            self.reconnects += 1
+            log.info("reconnected to the broker", policy=self.policy, address=address, n_envs=info.n_envs)
+            return info
 
     def close(self) -> None:
         if self.closed:

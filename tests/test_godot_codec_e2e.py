@@ -168,7 +168,7 @@ def test_godot_codec_game_and_msgpack_game_share_a_broker(tmp_path: Path) -> Non
 
         return threading.Thread(target=run, name=name, daemon=True)
 
-    with broker_process(tmp_path, "--games", "2") as (_, address):
+    with broker_process(tmp_path, "--stepping", "barrier", "--games", "2") as (_, address):
         threads = [guarded(f"game{tag}", run_game, address, tag) for tag in GAMES]
         threads += [guarded(policy, run_trainer, address, policy) for policy in ("mover", "picker")]
         for thread in threads:

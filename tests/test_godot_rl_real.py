@@ -58,7 +58,7 @@ def test_sb3_scripts_built_on_godot_rl_train_through_the_broker(tmp_path: Path) 
     }  # fmt: skip
     targets = [arg for policy, port in ports.items() for arg in ("--godot-rl-trainer", f"{policy}=127.0.0.1:{port}")]
     try:
-        with broker_process(tmp_path, "--games", "2", *targets) as (_, address):
+        with broker_process(tmp_path, "--stepping", "barrier", "--games", "2", *targets) as (_, address):
             games = [
                 spawn_python("-m", "broker", "sim-game", "--address", address, "--seed", str(i), "--name", f"sim-{i}")
                 for i in range(2)
@@ -88,7 +88,10 @@ def test_godot_env_talks_to_a_plugin_game_through_the_broker(tmp_path: Path) -> 
     """Both compatibility halves at once: a plugin-protocol game on the broker's port, and godot_rl's
     own GodotEnv served by the broker. Images cross as hex twice, actions keep their keys, calls relay."""
     port = free_port()
-    with broker_process(tmp_path, "--godot-rl-trainer", f"shared_policy=127.0.0.1:{port}") as (broker, address):
+    with broker_process(tmp_path, "--stepping", "barrier", "--godot-rl-trainer", f"shared_policy=127.0.0.1:{port}") as (
+        broker,
+        address,
+    ):
         game = spawn_python(
             "-m", "clients.plugin_emulator", f"--port={address.rsplit(':', 1)[1]}", "--agents=3", "--action=mixed",
             "--image_key=cam_2d", "--image_shape=3,4,2", "--game_id=5", "--horizon=3", "--terminal_obs_info",
@@ -137,7 +140,7 @@ def test_the_broker_waits_for_games_and_serves_the_next_script(
 ) -> None:
     """The script's env_info is answered only once the games are in; a script that closes is followed by
     the next one on the same address, which picks up where the first left off."""
-    broker = inprocess_broker()
+    broker = inprocess_broker(stepping="barrier")
     port = free_port()
     connector = GodotRlTrainerConnector(broker.server, "shared_policy", "127.0.0.1", port, retry_max=0.5)
     broker.call(connector.start)

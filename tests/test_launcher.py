@@ -104,7 +104,7 @@ def test_broker_launches_supervises_and_stops_games(tmp_path: Path) -> None:
     args = ["--env-path", str(tmp_path / "fake_game"), "--n-parallel", "2", "--speedup", "4"]
     args += ["--action-repeat", "2", "--seed", "5", "--headless"]  # --games defaults to --n-parallel
     replaced: list[tuple[int, bool, bool]] = []
-    with broker_process(tmp_path, *args) as (broker, address):
+    with broker_process(tmp_path, "--stepping", "barrier", *args) as (broker, address):
         env = BrokerVecEnv("shared_policy", address, timeout_connect=30)
         assert env.num_envs == 4  # two copies, two agents each
         obs = env.reset()

@@ -64,7 +64,7 @@ def step(env: BrokerVecEnv, actions: np.ndarray) -> tuple[dict[str, np.ndarray],
 
 
 def test_plugin_game_with_two_policy_names_trains_two_policies(tmp_path: Path) -> None:
-    with broker_process(tmp_path) as (_, address):
+    with broker_process(tmp_path, "--stepping", "barrier") as (_, address):
         port = address.rsplit(":", 1)[1]
         game = spawn_python(
             "-m",
@@ -131,7 +131,7 @@ def native_game(address: str, spaces_group: GroupSpec, stop: threading.Event, er
 def test_plugin_and_native_games_share_the_port_and_one_policy(
     inprocess_broker: Callable[..., InProcessBroker],
 ) -> None:
-    broker = inprocess_broker(expected_games=2)
+    broker = inprocess_broker(expected_games=2, stepping="barrier")
     config = EmulatorConfig(groups=(PolicyGroup("shared", 3, "mixed"),), port=broker.server.port, game_id=7)
     native_spec = GroupSpec("shared", 2, policy_spaces(config, "shared"))
     stop = threading.Event()
@@ -164,7 +164,7 @@ def test_plugin_and_native_games_share_the_port_and_one_policy(
 
 def test_older_plugin_variant_with_a_token_required(inprocess_broker: Callable[..., InProcessBroker]) -> None:
     # Plugin games carry no token; over loopback they are still welcome when the broker asks for one.
-    broker = inprocess_broker(token="s3cret")
+    broker = inprocess_broker(token="s3cret", stepping="barrier")
     config = EmulatorConfig(
         groups=(PolicyGroup("shared_policy", 3, "discrete"),), variant="old", port=broker.server.port, game_id=3
     )
@@ -184,7 +184,7 @@ def test_older_plugin_variant_with_a_token_required(inprocess_broker: Callable[.
 
 
 def test_images_sent_as_hex_reach_the_trainer_as_uint8(inprocess_broker: Callable[..., InProcessBroker]) -> None:
-    broker = inprocess_broker()
+    broker = inprocess_broker(stepping="barrier")
     config = EmulatorConfig(
         groups=(PolicyGroup("seer", 2, "discrete"),),
         image_key="front_2d",
@@ -289,7 +289,7 @@ def wait_closed(sock: socket.socket) -> bool:
     ],
 )
 def test_malformed_plugin_messages_close_only_that_connection(tmp_path: Path, frame: bytes, code: str) -> None:
-    with broker_process(tmp_path, "--games", "1") as (broker, address):
+    with broker_process(tmp_path, "--stepping", "barrier", "--games", "1") as (broker, address):
         port = int(address.rsplit(":", 1)[1])
         with emulator_thread(EmulatorConfig(port=port, game_id=4)) as (emulator, errors):
             env = BrokerVecEnv("shared_policy", address)
@@ -311,7 +311,7 @@ def test_malformed_plugin_messages_close_only_that_connection(tmp_path: Path, fr
 
 
 def test_a_plugin_game_that_drops_mid_episode_is_replaced(inprocess_broker: Callable[..., InProcessBroker]) -> None:
-    broker = inprocess_broker()
+    broker = inprocess_broker(stepping="barrier")
     config = EmulatorConfig(groups=(PolicyGroup("p", 2, "continuous"),), port=broker.server.port, game_id=1)
     first = PluginEmulator(config)
     first.connect()

@@ -16,7 +16,7 @@ PPO_ITERATIONS = 8  # x 32 steps per env, per policy (red: 6 envs, blue: 9 envs)
 
 
 def test_three_games_two_groups_two_trainers(tmp_path: Path) -> None:
-    with broker_process(tmp_path, "--games", str(GAMES)) as (_broker, address):
+    with broker_process(tmp_path, "--games", str(GAMES), "--stepping", "barrier") as (_broker, address):
         games = [
             spawn_python(
                 "-m",

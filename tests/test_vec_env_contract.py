@@ -15,7 +15,7 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecCheckNan, VecFrameStack, VecMonitor, VecNormalize
 
-from broker.protocol.messages import StepData
+from broker.protocol.messages import StepData, StepOptions
 from broker.protocol.spaces import BoxSpace, DiscreteAction, GroupSpec, PolicySpaces
 from clients.errors import BrokerError
 from clients.game import GameClient
@@ -89,14 +89,16 @@ def serve_counter_game(address: str, stop: threading.Event) -> None:
 
 @pytest.fixture
 def counter_broker() -> Iterator[Callable[[], BrokerVecEnv]]:
-    broker = InProcessBroker(expected_games=1, status_interval=0)
+    # Lock-step from the first tick, so the game waits for the trainer before its first move.
+    broker = InProcessBroker(expected_games=1, status_interval=0, stepping="barrier")
     stop = threading.Event()
     game = threading.Thread(target=serve_counter_game, args=(broker.address, stop), daemon=True)
     game.start()
     envs: list[BrokerVecEnv] = []
 
     def make() -> BrokerVecEnv:
-        env = BrokerVecEnv("counter", broker.address)
+        # Lock-step (barrier) stepping is what makes it comparable tick for tick with DummyVecEnv.
+        env = BrokerVecEnv("counter", broker.address, stepping=StepOptions("barrier"))
         envs.append(env)
         return env
 

@@ -6,24 +6,36 @@ Theory of operation
   layout (policies and agent counts) of the first game that used it, so a replacement game must match.
 * A policy's VecEnv has one env per agent of that policy over all slots, in slot order. The layout is
   fixed once every slot has been filled once; trainers then receive ``PolicyInfo``.
-* Lock-step per game: a game sends one ``step`` and waits for ``actions`` covering all of its groups.
-  A policy's round collects one step from every slot that has its agents; when the round is complete
-  and its trainer wants a batch, the rows are concatenated (one copy per key) and sent.
+* A game sends one ``step`` and waits for ``actions``. Each group's tick is merged into that policy's
+  accumulator for the game's slot (``SlotAccumulator``). A batch goes to the policy's trainer when it
+  has asked for one and every slot has at least one tick since the previous batch; rows are concatenated
+  (one copy per key).
+* The game's reply is sent as soon as every group either has fresh actions from its trainer or may be
+  held. Hold mode (default): a group is held when its policy has no trainer, or when its trainer has not
+  answered within the policy's deadline; held agents keep their last action (or get zeros, "noop").
+  Barrier mode: the game waits for the actions (up to a deadline if one is set, then holds).
+  Held ticks keep accumulating: the trainer's next transition carries the summed reward and ``frames``.
+* An action computed from an observation whose episode has ended meanwhile is not applied to the next
+  episode: those agents keep their previous action and the row's info says ``action_applied: false``.
 * A lost game: its undelivered rows are dropped; when a game takes the slot again, its first step
   reports every agent of the slot as truncated, with the last observation the trainer saw as the
   final observation, so SB3's episode bookkeeping stays right.
 * A lost trainer: the batch it did not answer is sent again to the next trainer of that policy.
-Memory is bounded by one step per game and one batch per policy.
+Memory is bounded by one accumulator per slot and policy, and one open batch per policy.
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import structlog
 
+from broker.core.accumulate import SlotAccumulator
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import (
@@ -36,6 +48,7 @@ from broker.protocol.messages import (
     Message,
     PolicyInfo,
     StepData,
+    StepOptions,
     TrainerAct,
     Waiting,
     Welcome,
@@ -43,6 +56,9 @@ from broker.protocol.messages import (
 from broker.protocol.spaces import DTYPES, GroupSpec, PolicySpaces, check_rows
 
 log = structlog.get_logger("gdrl.hub")
+
+DEFAULT_HOLD_DEADLINE_MS = 20.0
+Scheduler = Callable[[float, Callable[[], None]], Any]  # (delay in seconds, callback) -> handle
 
 
 class Link(Protocol):
@@ -63,8 +79,11 @@ class GameSession:
     slot: int
     groups: dict[str, GroupSpec]
     next_tick: int = 0
-    pending: set[str] = field(default_factory=set)  # policies whose actions we still wait for
-    actions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    awaiting: bool = False  # a step is waiting for its reply
+    tick: int = -1  # the tick awaiting its reply
+    ready: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # actions not yet sent
+    released: set[str] = field(default_factory=set)  # policies whose deadline passed this tick
+    last_actions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     steps: int = 0
 
     @property
@@ -78,7 +97,9 @@ class TrainerSession:
     peer_id: int
     name: str
     policy: str
+    options: StepOptions | None = None
     wants_batch: bool = False
+    wants_since: float = 0.0
     informed: bool = False
     last_waiting: tuple[int, str] | None = None
 
@@ -91,26 +112,80 @@ class Slot:
     seen_by_trainer: set[str] = field(default_factory=set)  # policies whose trainer saw these rows
 
 
+class RateMeter:
+    """Events per second over a sliding window."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.marks: deque[tuple[float, int]] = deque(maxlen=4096)
+
+    def add(self, now: float, total: int) -> None:
+        self.marks.append((now, total))
+        while len(self.marks) > 2 and now - self.marks[0][0] > self.window_s:
+            self.marks.popleft()
+
+    def rate(self) -> float:
+        if len(self.marks) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.marks[0], self.marks[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+@dataclass
+class PolicyMetrics:
+    batches: int = 0
+    env_steps: int = 0
+    group_ticks: int = 0  # game ticks that carried this policy's group
+    held_ticks: int = 0  # of those, answered without this policy's actions
+    longest_hold: int = 0  # most ticks one delivered transition spanned
+    trainer_wait_s: float = 0.0  # trainer asked, games had not delivered yet
+    trainer_busy_s: float = 0.0  # batch sent, trainer had not answered yet
+    episodes: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    episode_count: int = 0
+    returns: np.ndarray | None = None
+    steps_rate: RateMeter = field(default_factory=RateMeter)
+    ticks_rate: RateMeter = field(default_factory=RateMeter)
+
+
 @dataclass(eq=False)
 class PolicyState:
     name: str
     spaces: PolicySpaces
+    options: StepOptions
     offsets: dict[int, int] = field(default_factory=dict)  # slot -> first env index
     n_envs: int = 0
     trainer: TrainerSession | None = None
-    round: dict[int, StepData] = field(default_factory=dict)  # slot -> this round's delivery
+    round: dict[int, SlotAccumulator] = field(default_factory=dict)  # slot -> ticks since the last batch
     outstanding: Batch | None = None  # sent, not yet answered
+    outstanding_since: float = 0.0
     outstanding_games: dict[int, GameSession] = field(default_factory=dict)
     last_obs: dict[str, np.ndarray] | None = None
     step: int = 0
-    steps_done: int = 0
+    applied_at: dict[int, int] = field(default_factory=dict)  # slot -> game tick whose reply applied the actions
+    unapplied: set[int] = field(default_factory=set)  # slots holding actions the game has not received yet
+    metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
+
+    @property
+    def deadline_s(self) -> float | None:
+        if self.options.deadline_ms is not None:
+            return self.options.deadline_ms / 1000.0
+        return DEFAULT_HOLD_DEADLINE_MS / 1000.0 if self.options.mode == "hold" else None
 
 
 class Hub:
-    def __init__(self, expected_games: int = 1) -> None:
+    def __init__(
+        self,
+        expected_games: int = 1,
+        stepping: StepOptions | None = None,
+        scheduler: Scheduler | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if expected_games < 1:
             raise ValueError("expected_games must be at least 1")
         self.expected_games = expected_games
+        self.default_stepping = stepping or StepOptions()
+        self.scheduler = scheduler
+        self.clock = clock
         self.slots = [Slot(i) for i in range(expected_games)]
         self.policies: dict[str, PolicyState] = {}
         self.trainers: dict[str, TrainerSession] = {}
@@ -136,7 +211,8 @@ class Hub:
             )
         layout = {g.policy: g.n_agents for g in hello.groups}
         # Prefer a slot this exact layout already used, then a fresh one.
-        slot = next((s for s in free if s.layout == layout), None) or next((s for s in free if s.layout is None), None)
+        slot = next((s for s in free if s.layout == layout), None)
+        slot = slot or next((s for s in free if s.layout is None), None)
         if slot is None:
             raise RemoteProtocolError(
                 ErrorCode.SPACE_MISMATCH,
@@ -145,14 +221,14 @@ class Hub:
         for group in hello.groups:
             known = self.policies.get(group.policy)
             if known is not None and known.spaces != group.spaces:
-                raise RemoteProtocolError(
-                    ErrorCode.SPACE_MISMATCH,
-                    f"game '{name}', group '{group.policy}': {known.spaces.describe_difference(group.spaces)}",
-                )
+                difference = known.spaces.describe_difference(group.spaces)
+                raise RemoteProtocolError(ErrorCode.SPACE_MISMATCH, f"game '{name}', group '{group.policy}': {difference}")
         game = GameSession(link, self._peer_id(), hello.name, slot.index, {g.policy: g for g in hello.groups})
         for group in hello.groups:
             if group.policy not in self.policies:
-                self.policies[group.policy] = PolicyState(group.policy, group.spaces)
+                trainer = self.trainers.get(group.policy)
+                options = trainer.options if trainer and trainer.options else self.default_stepping
+                self.policies[group.policy] = PolicyState(group.policy, group.spaces, options)
         slot.layout = layout
         slot.game = game
         link.send(Welcome(PROTOCOL_VERSION, game.peer_id, slot.index))
@@ -172,12 +248,14 @@ class Hub:
                     policy.offsets[slot.index] = offset
                     offset += slot.layout[policy.name]
             policy.n_envs = offset
+            policy.metrics.returns = np.zeros(offset, np.float64)
         log.info("layout complete", policies={p.name: p.n_envs for p in self.policies.values()})
         for trainer in list(self.waiting_trainers):
             self.waiting_trainers.remove(trainer)
             if trainer.policy in self.policies:
                 self._attach(trainer)
             else:
+                self.trainers.pop(trainer.policy, None)
                 trainer.link.close(self._unknown_policy(trainer.policy))
 
     def _unknown_policy(self, name: str) -> Error:
@@ -194,10 +272,13 @@ class Hub:
             )
         if self.layout_complete and policy not in self.policies:
             raise RemoteProtocolError(ErrorCode.UNKNOWN_POLICY, self._unknown_policy(policy).message)
-        trainer = TrainerSession(link, self._peer_id(), hello.name, policy)
+        trainer = TrainerSession(link, self._peer_id(), hello.name, policy, hello.stepping)
         self.trainers[policy] = trainer
+        if policy in self.policies and hello.stepping is not None:
+            self.policies[policy].options = hello.stepping
         link.send(Welcome(PROTOCOL_VERSION, trainer.peer_id))
-        log.info("trainer joined", peer=link.label, policy=policy, name=hello.name)
+        options = hello.stepping or self.default_stepping
+        log.info("trainer joined", peer=link.label, policy=policy, name=hello.name, stepping=options.mode)
         if self.layout_complete:
             self._attach(trainer)
         else:
@@ -224,9 +305,12 @@ class Hub:
         if slot.game is not game:
             return
         slot.game = None
+        game.awaiting = False
         for name in game.groups:
             policy = self.policies[name]
             policy.round.pop(slot.index, None)
+            policy.unapplied.discard(slot.index)  # a replacement starts from its own first tick
+            policy.applied_at.pop(slot.index, None)
         log.info("game left", game=slot.index, name=game.name, steps=game.steps)
         self._tell_waiting_trainers()
 
@@ -239,12 +323,15 @@ class Hub:
         policy = self.policies.get(trainer.policy)
         if policy is not None and policy.trainer is trainer:
             policy.trainer = None
+            for slot in self.slots:  # hold-mode games stop waiting for a trainer that is gone
+                if slot.game is not None and policy.name in slot.game.groups:
+                    self._try_reply(slot.game)
         log.info("trainer left", policy=trainer.policy, name=trainer.name)
 
     # --- stepping --------------------------------------------------------------------------------
 
     def game_step(self, game: GameSession, step: GameStep) -> None:
-        if game.pending:
+        if game.awaiting:
             raise RemoteProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE, f"{game.label} sent step {step.tick} before receiving its actions"
             )
@@ -264,25 +351,31 @@ class Hub:
                 raise RemoteProtocolError(ErrorCode.BAD_STEP, f"{what}: {data.n_rows} rows for {spec.n_agents} agents")
             check_rows(data.obs, spec.spaces.observation, spec.n_agents, f"{what} obs", ErrorCode.BAD_STEP)
             if data.final_obs is not None and data.final_index is not None:
-                check_rows(
-                    data.final_obs,
-                    spec.spaces.observation,
-                    len(data.final_index),
-                    f"{what} final obs",
-                    ErrorCode.BAD_STEP,
-                )
+                n_final = len(data.final_index)
+                check_rows(data.final_obs, spec.spaces.observation, n_final, f"{what} final obs", ErrorCode.BAD_STEP)
         slot = self.slots[game.slot]
+        now = self.clock()
         for name, data in step.groups.items():
             policy = self.policies[name]
             if step.tick == 0 and name in slot.seen_by_trainer and policy.last_obs is not None:
                 data = self._truncate_replaced(policy, slot.index, data)
-            policy.round[slot.index] = data
-        game.pending = set(step.groups)
-        game.actions = {}
+            accumulator = policy.round.get(slot.index)
+            if accumulator is None:
+                accumulator = policy.round[slot.index] = SlotAccumulator(data)
+            else:
+                accumulator.merge(data)
+            accumulator.last_tick = step.tick
+            policy.metrics.group_ticks += 1
+            policy.metrics.ticks_rate.add(now, policy.metrics.group_ticks)
+        game.awaiting = True
+        game.tick = step.tick
+        game.released = set()
         game.next_tick += 1
         game.steps += 1
         for name in step.groups:
             self._try_emit(self.policies[name])
+        self._arm_deadlines(game)
+        self._try_reply(game)
 
     def _truncate_replaced(self, policy: PolicyState, slot: int, data: StepData) -> StepData:
         """A game's first step in a slot the trainer already saw: the old episodes end truncated."""
@@ -300,8 +393,73 @@ class Hub:
             {row: {**data.infos.get(row, {}), "game_replaced": True} for row in range(n)},
         )
 
+    # --- replies to games ------------------------------------------------------------------------
+
+    def _may_hold(self, game: GameSession, policy: PolicyState) -> bool:
+        if policy.name in game.released:
+            return True
+        return policy.options.mode == "hold" and policy.trainer is None
+
+    def _arm_deadlines(self, game: GameSession) -> None:
+        if self.scheduler is None:
+            return
+        tick = game.tick
+        for name in game.groups:
+            policy = self.policies[name]
+            deadline = policy.deadline_s
+            if name in game.ready or deadline is None or self._may_hold(game, policy):
+                continue
+            self.scheduler(deadline, lambda game=game, name=name: self.deadline_passed(game, tick, name))
+
+    def deadline_passed(self, game: GameSession, tick: int, policy: str) -> None:
+        """A policy's deadline for one game tick: from now on that group may be held."""
+        if not game.awaiting or game.tick != tick or self.slots[game.slot].game is not game:
+            return
+        game.released.add(policy)
+        self._try_reply(game)
+
+    def _try_reply(self, game: GameSession) -> None:
+        if not game.awaiting:
+            return
+        held = []
+        for name in game.groups:
+            if name not in game.ready and not self._may_hold(game, self.policies[name]):
+                return  # still waiting for this policy's actions
+            if name not in game.ready:
+                held.append(name)
+        groups: dict[str, dict[str, np.ndarray]] = {}
+        for name in game.groups:
+            if name in game.ready:
+                groups[name] = game.last_actions[name] = game.ready.pop(name)
+                policy = self.policies[name]
+                policy.unapplied.discard(game.slot)
+                policy.applied_at[game.slot] = game.tick
+            elif self.policies[name].options.hold_action == "noop":
+                groups[name] = self._noop(game.groups[name])
+        for name in held:
+            self.policies[name].metrics.held_ticks += 1
+        game.awaiting = False
+        game.link.send(GameActions(game.tick, groups))
+        for name in groups:
+            self._try_emit(self.policies[name])
+
+    @staticmethod
+    def _noop(spec: GroupSpec) -> dict[str, np.ndarray]:
+        return {
+            key: np.zeros((spec.n_agents, *space.row_shape), DTYPES[space.wire_dtype]) for key, space in spec.spaces.action
+        }
+
+    # --- trainers --------------------------------------------------------------------------------
+
     def _round_complete(self, policy: PolicyState) -> bool:
-        return self.layout_complete and all(s in policy.round for s in policy.offsets)
+        """Every slot has ticks since the last batch, and at least one of them after its actions applied."""
+        if not self.layout_complete:
+            return False
+        for s in policy.offsets:
+            accumulator = policy.round.get(s)
+            if accumulator is None or s in policy.unapplied or accumulator.last_tick <= policy.applied_at.get(s, -1):
+                return False
+        return True
 
     def _try_emit(self, policy: PolicyState) -> None:
         trainer = policy.trainer
@@ -311,19 +469,40 @@ class Hub:
             self._tell_waiting(trainer)
             return
         slots = sorted(policy.offsets)
-        parts = [policy.round[s] for s in slots]
+        with_frames = policy.options.mode == "hold"
+        parts = [policy.round[s].step_data(with_frames) for s in slots]
         data = _concatenate(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         batch = Batch(policy.step, data)
+        now = self.clock()
         policy.outstanding = batch
+        policy.outstanding_since = now
         policy.outstanding_games = {s: self.slots[s].game for s in slots}  # type: ignore[misc]
         policy.last_obs = data.obs
         for s in slots:
             self.slots[s].seen_by_trainer.add(policy.name)
         policy.round = {}
+        self._record(policy, data, now - trainer.wants_since)
         trainer.wants_batch = False
         trainer.last_waiting = None
         trainer.link.send(batch)
+
+    def _record(self, policy: PolicyState, data: StepData, waited_s: float) -> None:
+        metrics = policy.metrics
+        metrics.batches += 1
+        metrics.env_steps += policy.n_envs
+        metrics.trainer_wait_s += waited_s
+        metrics.steps_rate.add(self.clock(), metrics.env_steps)
+        if data.frames is not None and len(data.frames):
+            metrics.longest_hold = max(metrics.longest_hold, int(data.frames.max()))
+        if metrics.returns is None or len(metrics.returns) != len(data.reward):
+            metrics.returns = np.zeros(len(data.reward), np.float64)
+        metrics.returns += data.reward
+        ended = np.flatnonzero(data.terminated | data.truncated)
+        if len(ended):
+            metrics.episodes.extend(metrics.returns[ended].tolist())
+            metrics.episode_count += len(ended)
+            metrics.returns[ended] = 0.0
 
     def trainer_reset(self, trainer: TrainerSession) -> None:
         policy = self.policies.get(trainer.policy)
@@ -331,6 +510,7 @@ class Hub:
             trainer.link.send(policy.outstanding)  # a new or restarted trainer picks up the open batch
             return
         trainer.wants_batch = True
+        trainer.wants_since = self.clock()
         if policy is not None:
             self._try_emit(policy)
 
@@ -343,34 +523,43 @@ class Hub:
                 ErrorCode.BAD_ACTIONS,
                 f"actions answer step {act.step}, the open batch is step {policy.outstanding.step}",
             )
-        actions = {
-            k: _canonical(v, space.wire_dtype)
-            for k, v in act.actions.items()
-            for key, space in policy.spaces.action
-            if key == k
-        }
-        if len(actions) != len(act.actions):
-            unknown = sorted(set(act.actions) - {k for k, _ in policy.spaces.action})
+        known = {key: space for key, space in policy.spaces.action}
+        unknown = sorted(set(act.actions) - set(known))
+        if unknown:
             raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"unknown action keys {unknown}")
-        check_rows(
-            actions, policy.spaces.action, policy.n_envs, f"policy '{policy.name}' actions", ErrorCode.BAD_ACTIONS
-        )
+        actions = {k: _canonical(v, known[k].wire_dtype) for k, v in act.actions.items()}
+        what = f"policy '{policy.name}' actions"
+        check_rows(actions, policy.spaces.action, policy.n_envs, what, ErrorCode.BAD_ACTIONS)
+        now = self.clock()
         games = policy.outstanding_games
+        policy.metrics.trainer_busy_s += now - policy.outstanding_since
         policy.outstanding = None
         policy.outstanding_games = {}
-        policy.steps_done += 1
         trainer.wants_batch = True
+        trainer.wants_since = now
         for slot_index, game in games.items():
             if self.slots[slot_index].game is not game:
                 continue  # that game left; its actions have nobody to go to
             start = policy.offsets[slot_index]
             n = game.groups[policy.name].n_agents
-            game.actions[policy.name] = {k: v[start : start + n] for k, v in actions.items()}
-            game.pending.discard(policy.name)
-            if not game.pending:
-                game.link.send(GameActions(game.next_tick - 1, game.actions))
-                game.actions = {}
+            part = {k: v[start : start + n] for k, v in actions.items()}
+            game.ready[policy.name] = self._keep_ended_rows(game, policy, slot_index, part)
+            policy.unapplied.add(slot_index)
+            self._try_reply(game)
         self._try_emit(policy)
+
+    def _keep_ended_rows(
+        self, game: GameSession, policy: PolicyState, slot: int, part: dict[str, np.ndarray]
+    ) -> dict[str, np.ndarray]:
+        """Rows whose episode ended after the observation these actions answer keep their last action."""
+        accumulator = policy.round.get(slot)
+        if accumulator is None or not accumulator.closed.any():
+            return part
+        stale = accumulator.closed
+        previous = game.last_actions.get(policy.name) or self._noop(game.groups[policy.name])
+        for row in np.flatnonzero(stale).tolist():
+            accumulator.infos.setdefault(row, {})["action_applied"] = False
+        return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}
 
     # --- status ----------------------------------------------------------------------------------
 
@@ -391,17 +580,36 @@ class Hub:
         trainer.link.send(Waiting(trainer.policy, connected, self.expected_games, reason))
 
     def _tell_waiting_trainers(self) -> None:
-        for trainer in self.trainers.values():
+        for trainer in list(self.trainers.values()):
             if trainer.wants_batch or not trainer.informed:
                 self._tell_waiting(trainer)
 
     def snapshot(self) -> dict[str, Any]:
+        """Live numbers for ``gdrl-broker status`` and the periodic log line (JSON-friendly)."""
         return {
-            "games": {s.index: (s.game.name if s.game else None) for s in self.slots},
-            "policies": {
-                p.name: {"n_envs": p.n_envs, "steps": p.steps_done, "trainer": p.trainer is not None}
-                for p in self.policies.values()
-            },
+            "games": [
+                {"slot": s.index, "name": s.game.name if s.game else None, "connected": s.game is not None,
+                 "ticks": s.game.steps if s.game else 0}
+                for s in self.slots
+            ],
+            "policies": {p.name: self._policy_status(p) for p in self.policies.values()},
+        }
+
+    def _policy_status(self, policy: PolicyState) -> dict[str, Any]:
+        m = policy.metrics
+        return {
+            "agents": policy.n_envs,
+            "trainer": policy.trainer.name if policy.trainer else None,
+            "mode": policy.options.mode,
+            "env_steps": m.env_steps,
+            "steps_per_s": round(m.steps_rate.rate(), 1),
+            "game_ticks_per_s": round(m.ticks_rate.rate(), 1),
+            "mean_episode_reward": round(float(np.mean(m.episodes)), 4) if m.episodes else None,
+            "episodes": m.episode_count,
+            "held_fraction": round(m.held_ticks / m.group_ticks, 4) if m.group_ticks else 0.0,
+            "longest_hold": m.longest_hold,
+            "trainer_waited_s": round(m.trainer_wait_s, 3),
+            "games_waited_s": round(m.trainer_busy_s, 3),
         }
 
 
@@ -419,29 +627,21 @@ def _canonical(array: np.ndarray, wire_dtype: str) -> np.ndarray:
 
 def _concatenate(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
     """Stack the slots' rows into one batch: one copy per key, no per-agent work."""
-    if len(parts) == 1:
-        only = parts[0]
-        return StepData(
-            {k: np.array(v) for k, v in only.obs.items()},
-            only.reward.copy(),
-            only.terminated.copy(),
-            only.truncated.copy(),
-            only.final_index,
-            only.final_obs,
-            dict(only.infos),
-        )
     obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
     reward = np.concatenate([p.reward for p in parts])
     terminated = np.concatenate([p.terminated for p in parts])
     truncated = np.concatenate([p.truncated for p in parts])
+    frames = None
+    if all(p.frames is not None for p in parts):
+        frames = np.concatenate([p.frames for p in parts]).astype(np.int32)  # type: ignore[misc]
     finals = [
         (p.final_index + off, p.final_obs)
-        for p, off in zip(parts, offsets, strict=False)
+        for p, off in zip(parts, offsets, strict=True)
         if p.final_index is not None and p.final_obs is not None and len(p.final_index)
     ]
     final_index = final_obs = None
     if finals:
         final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
         final_obs = {key: np.concatenate([f[1][key] for f in finals]) for key, _ in spaces.observation}
-    infos = {row + off: info for p, off in zip(parts, offsets, strict=False) for row, info in p.infos.items()}
-    return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos)
+    infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
+    return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

@@ -132,6 +132,45 @@ class StepData:
 
 # --- peer -> broker -------------------------------------------------------------------------------
 
+STEPPING_MODES = ("hold", "barrier")
+HOLD_ACTIONS = ("repeat", "noop")
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    """How a policy's agents wait for its trainer (see docs/protocol.md, hold-and-accumulate).
+
+    ``mode`` "hold": a game waits at most ``deadline_ms`` for this policy's actions, then its agents keep
+    their last action ("repeat") or get zeros ("noop"). "barrier": the game waits for the actions, up to
+    ``deadline_ms`` if given (then it falls back to hold), else for as long as it takes.
+    """
+
+    mode: str = "hold"
+    deadline_ms: float | None = None
+    hold_action: str = "repeat"
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"mode": self.mode, "hold_action": self.hold_action}
+        if self.deadline_ms is not None:
+            wire["deadline_ms"] = self.deadline_ms
+        return wire
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> StepOptions:
+        if not isinstance(obj, dict):
+            raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.stepping must be a map")
+        mode, hold_action, deadline = obj.get("mode", "hold"), obj.get("hold_action", "repeat"), obj.get("deadline_ms")
+        if mode not in STEPPING_MODES:
+            raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"hello.stepping.mode must be one of {STEPPING_MODES}")
+        if hold_action not in HOLD_ACTIONS:
+            raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"hello.stepping.hold_action must be one of {HOLD_ACTIONS}")
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 <= deadline <= 3.6e6
+        ):
+            raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.stepping.deadline_ms must be a number of ms >= 0")
+        return cls(mode, None if deadline is None else float(deadline), hold_action)
+
+
 
 @dataclass
 class Hello:
@@ -144,6 +183,7 @@ class Hello:
     token: str | None = None
     groups: tuple[GroupSpec, ...] = ()  # games only
     policy: str = ""  # trainers only
+    stepping: StepOptions | None = None  # trainers only; None: the broker's defaults
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"type": self.TYPE, "protocol": self.protocol, "role": self.role, "name": self.name}
@@ -153,6 +193,8 @@ class Hello:
             wire["groups"] = [g.to_wire() for g in self.groups]
         elif self.role == "trainer":
             wire["policy"] = self.policy
+            if self.stepping is not None:
+                wire["stepping"] = self.stepping.to_wire()
         return wire
 
     @classmethod
@@ -176,7 +218,9 @@ class Hello:
             policy = obj.get("policy")
             if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
                 raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.policy must be a non-empty string")
-            return cls("trainer", protocol, name, token, policy=policy)
+            stepping = obj.get("stepping")
+            options = None if stepping is None else StepOptions.from_wire(stepping)
+            return cls("trainer", protocol, name, token, policy=policy, stepping=options)
         if role == "observer":
             return cls("observer", protocol, name, token)
         raise RemoteProtocolError(

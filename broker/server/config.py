@@ -6,6 +6,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from broker.protocol.messages import HOLD_ACTIONS, STEPPING_MODES, StepOptions
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -23,6 +24,10 @@ class ServerConfig:
     timeout_hello: float = 30.0
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
+    # stepping defaults for policies whose trainer does not choose (docs/protocol.md, hold-and-accumulate)
+    stepping: str = "hold"
+    deadline_ms: float | None = None  # None: 20 ms in hold mode, no deadline in barrier mode
+    hold_action: str = "repeat"
     # godot_rl compatibility: games the broker launches, and godot_rl training scripts it serves
     env_path: str | None = None
     n_parallel: int = 1
@@ -40,10 +45,19 @@ class ServerConfig:
             )
         if self.expected_games < 1:
             raise ValueError("--games must be at least 1")
+        if self.stepping not in STEPPING_MODES:
+            raise ValueError(f"--stepping must be one of {STEPPING_MODES}")
+        if self.hold_action not in HOLD_ACTIONS:
+            raise ValueError(f"--hold-action must be one of {HOLD_ACTIONS}")
+        if self.deadline_ms is not None and self.deadline_ms < 0:
+            raise ValueError("--deadline-ms must be >= 0")
         if self.n_parallel < 1:
             raise ValueError("--n-parallel must be at least 1")
         if self.action_repeat is not None and self.action_repeat < 1:
             raise ValueError("--action-repeat must be at least 1")
+
+    def step_options(self) -> StepOptions:
+        return StepOptions(self.stepping, self.deadline_ms, self.hold_action)
 
     def is_loopback(self) -> bool:
         if self.host in LOOPBACK_NAMES:

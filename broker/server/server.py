@@ -39,6 +39,7 @@ class PeerProtocol(asyncio.Protocol):
         self.trainer: TrainerSession | None = None
         self.closing = False
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.legacy_close: Any = None  # set by the godot_rl adapter: how to say goodbye to such a game
         self.legacy_send: Callable[[Message], None] | None = None  # set by the godot_rl adapter: hub -> JSON
 
@@ -55,12 +56,12 @@ class PeerProtocol(asyncio.Protocol):
         else:
             self.label = f"unix#{id(self) & 0xFFFF:04x}"
         self.server.connections.add(self)
+        writer.write(self.connection.greeting())  # first, so a refused client reads the error as ours
+        self._loop = asyncio.get_running_loop()
         if len(self.server.connections) > self.server.config.limit_connections:
             self._fail(ErrorCode.BROKER_FULL, f"connection limit {self.server.config.limit_connections} reached")
             return
-        writer.write(self.connection.greeting())
-        loop = asyncio.get_running_loop()
-        self._hello_timer = loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
+        self._hello_timer = self._loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)
 
     def data_received(self, data: bytes) -> None:
@@ -76,6 +77,12 @@ class PeerProtocol(asyncio.Protocol):
         except Exception as exc:  # a bug must cost one connection, not the broker
             log.exception("internal error", peer=self.label)
             self._fail(ErrorCode.INTERNAL, f"internal broker error: {exc}")
+
+    def eof_received(self) -> bool | None:
+        unfinished = self.connection.buffered_bytes
+        if unfinished and not self.closing:  # the stream ended inside a frame: say so, then close
+            self._fail(ErrorCode.MALFORMED, f"connection ended inside a frame ({unfinished} bytes of it received)")
+        return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
@@ -154,6 +161,8 @@ class PeerProtocol(asyncio.Protocol):
     def send_raw(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
             self.transport.write(data)
+            if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
+                self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
 
     def close(self, error: Error | Close | None = None) -> None:
         """Close after sending ``error`` (or an orderly ``Close``) to a native peer."""
@@ -164,18 +173,32 @@ class PeerProtocol(asyncio.Protocol):
                 self.transport.write(self.connection.send(error))
         self.closing = True
         self.transport.close()
+        if self._loop is not None and self.transport.get_write_buffer_size():  # unread bytes are not kept forever
+            self._loop.call_later(self.server.config.timeout_shutdown, self.transport.abort)
 
 
 class BrokerServer:
     def __init__(self, config: ServerConfig, hub: Hub | None = None) -> None:
         config.validate()
         self.config = config
-        self.hub = hub or Hub(config.expected_games)
+        self.hub = hub or Hub(config.expected_games, config.step_options(), scheduler=self._schedule)
         self.connections: set[PeerProtocol] = set()
         self._servers: list[asyncio.base_events.Server] = []
         self._status_task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self.legacy_handler: Any = GodotRlGames(self)  # serves unmodified godot_rl plugin games
+
+    @staticmethod
+    def _schedule(delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
+        """The hub's timers (stepping deadlines) run on the loop; a failure is logged, never fatal."""
+
+        def run() -> None:
+            try:
+                callback()
+            except Exception:
+                log.exception("hub timer failed")
+
+        return asyncio.get_running_loop().call_later(delay, run)
 
     @property
     def port(self) -> int:

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 
+from broker.protocol.messages import StepOptions
 from clients.vec_env import BrokerVecEnv
 from tests.scripts.echo_game import GROUP_ID, N_AGENTS
 
@@ -29,7 +30,7 @@ def main() -> int:
     parser.add_argument("--ppo-iterations", type=int, required=True)
     parser.add_argument("--report", required=True)
     args = parser.parse_args()
-    env = BrokerVecEnv(args.policy, args.address)
+    env = BrokerVecEnv(args.policy, args.address, stepping=StepOptions("barrier"))  # exact tick for tick
     n = N_AGENTS[args.policy]
     problems: list[str] = []
     layout = [(g.game_index, g.offset, g.n_agents) for g in env.policy_info.games]

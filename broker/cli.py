@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -38,14 +39,31 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.status_interval,
         help="seconds between status log lines (0: off)",
     )
-    parser.add_argument("--stepping", choices=["hold", "barrier"], default=defaults.stepping,
-                        help="default for policies whose trainer does not choose: hold (a game never waits "
-                        "longer than the deadline for a busy trainer) or barrier (lock-step)")
-    parser.add_argument("--deadline-ms", type=float, default=None,
-                        help="how long a game tick waits for a policy's actions (hold default: 20 ms; "
-                        "barrier default: no limit)")
-    parser.add_argument("--hold-action", choices=["repeat", "noop"], default=defaults.hold_action,
-                        help="what held agents do: repeat their last action, or all-zero actions")
+    parser.add_argument(
+        "--stepping",
+        choices=["hold", "barrier"],
+        default=defaults.stepping,
+        help="default for policies whose trainer does not choose: hold (a game never waits "
+        "longer than the deadline for a busy trainer) or barrier (lock-step)",
+    )
+    parser.add_argument(
+        "--deadline-ms",
+        type=float,
+        default=None,
+        help="how long a game tick waits for a policy's actions (hold default: 20 ms; barrier default: no limit)",
+    )
+    parser.add_argument(
+        "--hold-action",
+        choices=["repeat", "noop"],
+        default=defaults.hold_action,
+        help="what held agents do: repeat their last action, or all-zero actions",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus text metrics over HTTP on this port (same --host)",
+    )
     parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
     compat = parser.add_argument_group("godot_rl compatibility")
     compat.add_argument("--env-path", default=None, help="exported game to launch, every copy on this broker's port")
@@ -77,6 +95,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limit_connections=args.limit_connections,
         timeout_hello=args.timeout_hello,
         status_interval=args.status_interval,
+        metrics_port=args.metrics_port,
         stepping=args.stepping,
         deadline_ms=args.deadline_ms,
         hold_action=args.hold_action,
@@ -154,7 +173,27 @@ def main(argv: list[str] | None = None) -> None:
     demo_parser = commands.add_parser("demo", help="broker + simulated games + one trainer per policy")
     demo.add_arguments(demo_parser)
 
+    status_parser = commands.add_parser("status", help="show a running broker's games, trainers and policies")
+    status_parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port or unix:/path")
+    status_parser.add_argument("--token", default=os.environ.get("GDRL_BROKER_TOKEN"))
+    status_parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    status_parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
+
     args = parser.parse_args(argv)
+    if args.command == "status":
+        from broker.status import fetch_status, prometheus_text, render_table
+
+        try:
+            status = fetch_status(args.address, args.token)
+        except Exception as exc:
+            parser.exit(1, f"gdrl-broker status: {exc}\n")
+        if args.json:
+            print(json.dumps(status, indent=2))
+        elif args.prometheus:
+            print(prometheus_text(status), end="")
+        else:
+            print(render_table(status))
+        return
     if args.command == "serve":
         configure_logging(args.log_json, args.log_level)
         try:

@@ -199,3 +199,14 @@ def test_trainer_choice_overrides_broker_default() -> None:
     assert hub.policies["fast"].options.mode == "barrier"
     hub.game_step(game, tick(0, [1, 1]))
     assert scheduler.timers == []
+
+
+def test_trainer_attaching_mid_tick_gets_a_deadline_instead_of_stalling_the_game() -> None:
+    hub, scheduler, (game, game_link) = make_hub(policies=("a", "b"))
+    ta, ta_link = add_trainer(hub, "a")
+    hub.game_step(game, tick(0, [0, 0], policies=("a", "b")))  # b has no trainer yet: no timer for it
+    add_trainer(hub, "b")  # b's trainer arrives while the game waits for a's actions
+    hub.trainer_act(ta, act(0.5, ta_link.last(Batch).step))
+    assert not isinstance(game_link.sent[-1], GameActions)  # now waiting for b, within its deadline
+    scheduler.fire_all()
+    assert set(game_link.last(GameActions).groups) == {"a"}

@@ -26,8 +26,8 @@ Memory is bounded by one accumulator per slot and policy, and one open batch per
 
 from __future__ import annotations
 
+import functools
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -36,6 +36,8 @@ import numpy as np
 import structlog
 
 from broker.core.accumulate import SlotAccumulator
+from broker.core.batching import canonical_actions, concatenate_rows
+from broker.core.metrics import PolicyMetrics
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import (
@@ -83,6 +85,7 @@ class GameSession:
     tick: int = -1  # the tick awaiting its reply
     ready: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)  # actions not yet sent
     released: set[str] = field(default_factory=set)  # policies whose deadline passed this tick
+    armed: set[str] = field(default_factory=set)  # policies whose deadline timer runs for this tick
     last_actions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     steps: int = 0
 
@@ -110,41 +113,6 @@ class Slot:
     layout: dict[str, int] | None = None  # policy -> n_agents, fixed by the first game in the slot
     game: GameSession | None = None
     seen_by_trainer: set[str] = field(default_factory=set)  # policies whose trainer saw these rows
-
-
-class RateMeter:
-    """Events per second over a sliding window."""
-
-    def __init__(self, window_s: float = 10.0) -> None:
-        self.window_s = window_s
-        self.marks: deque[tuple[float, int]] = deque(maxlen=4096)
-
-    def add(self, now: float, total: int) -> None:
-        self.marks.append((now, total))
-        while len(self.marks) > 2 and now - self.marks[0][0] > self.window_s:
-            self.marks.popleft()
-
-    def rate(self) -> float:
-        if len(self.marks) < 2:
-            return 0.0
-        (t0, n0), (t1, n1) = self.marks[0], self.marks[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
-
-
-@dataclass
-class PolicyMetrics:
-    batches: int = 0
-    env_steps: int = 0
-    group_ticks: int = 0  # game ticks that carried this policy's group
-    held_ticks: int = 0  # of those, answered without this policy's actions
-    longest_hold: int = 0  # most ticks one delivered transition spanned
-    trainer_wait_s: float = 0.0  # trainer asked, games had not delivered yet
-    trainer_busy_s: float = 0.0  # batch sent, trainer had not answered yet
-    episodes: deque[float] = field(default_factory=lambda: deque(maxlen=100))
-    episode_count: int = 0
-    returns: np.ndarray | None = None
-    steps_rate: RateMeter = field(default_factory=RateMeter)
-    ticks_rate: RateMeter = field(default_factory=RateMeter)
 
 
 @dataclass(eq=False)
@@ -222,7 +190,9 @@ class Hub:
             known = self.policies.get(group.policy)
             if known is not None and known.spaces != group.spaces:
                 difference = known.spaces.describe_difference(group.spaces)
-                raise RemoteProtocolError(ErrorCode.SPACE_MISMATCH, f"game '{name}', group '{group.policy}': {difference}")
+                raise RemoteProtocolError(
+                    ErrorCode.SPACE_MISMATCH, f"game '{name}', group '{group.policy}': {difference}"
+                )
         game = GameSession(link, self._peer_id(), hello.name, slot.index, {g.policy: g for g in hello.groups})
         for group in hello.groups:
             if group.policy not in self.policies:
@@ -248,7 +218,6 @@ class Hub:
                     policy.offsets[slot.index] = offset
                     offset += slot.layout[policy.name]
             policy.n_envs = offset
-            policy.metrics.returns = np.zeros(offset, np.float64)
         log.info("layout complete", policies={p.name: p.n_envs for p in self.policies.values()})
         for trainer in list(self.waiting_trainers):
             self.waiting_trainers.remove(trainer)
@@ -370,11 +339,11 @@ class Hub:
         game.awaiting = True
         game.tick = step.tick
         game.released = set()
+        game.armed = set()
         game.next_tick += 1
         game.steps += 1
         for name in step.groups:
             self._try_emit(self.policies[name])
-        self._arm_deadlines(game)
         self._try_reply(game)
 
     def _truncate_replaced(self, policy: PolicyState, slot: int, data: StepData) -> StepData:
@@ -400,16 +369,13 @@ class Hub:
             return True
         return policy.options.mode == "hold" and policy.trainer is None
 
-    def _arm_deadlines(self, game: GameSession) -> None:
-        if self.scheduler is None:
+    def _arm_deadline(self, game: GameSession, policy: PolicyState) -> None:
+        """Start the policy's deadline for the game's waiting tick, once (a trainer may attach mid-tick)."""
+        deadline = policy.deadline_s
+        if self.scheduler is None or deadline is None or policy.name in game.armed:
             return
-        tick = game.tick
-        for name in game.groups:
-            policy = self.policies[name]
-            deadline = policy.deadline_s
-            if name in game.ready or deadline is None or self._may_hold(game, policy):
-                continue
-            self.scheduler(deadline, lambda game=game, name=name: self.deadline_passed(game, tick, name))
+        game.armed.add(policy.name)
+        self.scheduler(deadline, functools.partial(self.deadline_passed, game, game.tick, policy.name))
 
     def deadline_passed(self, game: GameSession, tick: int, policy: str) -> None:
         """A policy's deadline for one game tick: from now on that group may be held."""
@@ -421,12 +387,18 @@ class Hub:
     def _try_reply(self, game: GameSession) -> None:
         if not game.awaiting:
             return
-        held = []
+        held, waiting = [], []
         for name in game.groups:
-            if name not in game.ready and not self._may_hold(game, self.policies[name]):
-                return  # still waiting for this policy's actions
-            if name not in game.ready:
+            if name in game.ready:
+                continue
+            if self._may_hold(game, self.policies[name]):
                 held.append(name)
+            else:
+                waiting.append(self.policies[name])
+        if waiting:
+            for policy in waiting:
+                self._arm_deadline(game, policy)
+            return
         groups: dict[str, dict[str, np.ndarray]] = {}
         for name in game.groups:
             if name in game.ready:
@@ -446,7 +418,8 @@ class Hub:
     @staticmethod
     def _noop(spec: GroupSpec) -> dict[str, np.ndarray]:
         return {
-            key: np.zeros((spec.n_agents, *space.row_shape), DTYPES[space.wire_dtype]) for key, space in spec.spaces.action
+            key: np.zeros((spec.n_agents, *space.row_shape), DTYPES[space.wire_dtype])
+            for key, space in spec.spaces.action
         }
 
     # --- trainers --------------------------------------------------------------------------------
@@ -471,7 +444,7 @@ class Hub:
         slots = sorted(policy.offsets)
         with_frames = policy.options.mode == "hold"
         parts = [policy.round[s].step_data(with_frames) for s in slots]
-        data = _concatenate(parts, [policy.offsets[s] for s in slots], policy.spaces)
+        data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         batch = Batch(policy.step, data)
         now = self.clock()
@@ -482,27 +455,10 @@ class Hub:
         for s in slots:
             self.slots[s].seen_by_trainer.add(policy.name)
         policy.round = {}
-        self._record(policy, data, now - trainer.wants_since)
+        policy.metrics.record_batch(data, now - trainer.wants_since, now)
         trainer.wants_batch = False
         trainer.last_waiting = None
         trainer.link.send(batch)
-
-    def _record(self, policy: PolicyState, data: StepData, waited_s: float) -> None:
-        metrics = policy.metrics
-        metrics.batches += 1
-        metrics.env_steps += policy.n_envs
-        metrics.trainer_wait_s += waited_s
-        metrics.steps_rate.add(self.clock(), metrics.env_steps)
-        if data.frames is not None and len(data.frames):
-            metrics.longest_hold = max(metrics.longest_hold, int(data.frames.max()))
-        if metrics.returns is None or len(metrics.returns) != len(data.reward):
-            metrics.returns = np.zeros(len(data.reward), np.float64)
-        metrics.returns += data.reward
-        ended = np.flatnonzero(data.terminated | data.truncated)
-        if len(ended):
-            metrics.episodes.extend(metrics.returns[ended].tolist())
-            metrics.episode_count += len(ended)
-            metrics.returns[ended] = 0.0
 
     def trainer_reset(self, trainer: TrainerSession) -> None:
         policy = self.policies.get(trainer.policy)
@@ -527,7 +483,7 @@ class Hub:
         unknown = sorted(set(act.actions) - set(known))
         if unknown:
             raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"unknown action keys {unknown}")
-        actions = {k: _canonical(v, known[k].wire_dtype) for k, v in act.actions.items()}
+        actions = {k: canonical_actions(v, known[k].wire_dtype) for k, v in act.actions.items()}
         what = f"policy '{policy.name}' actions"
         check_rows(actions, policy.spaces.action, policy.n_envs, what, ErrorCode.BAD_ACTIONS)
         now = self.clock()
@@ -588,60 +544,16 @@ class Hub:
         """Live numbers for ``gdrl-broker status`` and the periodic log line (JSON-friendly)."""
         return {
             "games": [
-                {"slot": s.index, "name": s.game.name if s.game else None, "connected": s.game is not None,
-                 "ticks": s.game.steps if s.game else 0}
+                {
+                    "slot": s.index,
+                    "name": s.game.name if s.game else None,
+                    "connected": s.game is not None,
+                    "ticks": s.game.steps if s.game else 0,
+                }
                 for s in self.slots
             ],
-            "policies": {p.name: self._policy_status(p) for p in self.policies.values()},
+            "policies": {
+                p.name: p.metrics.status(p.n_envs, p.trainer.name if p.trainer else None, p.options.mode)
+                for p in self.policies.values()
+            },
         }
-
-    def _policy_status(self, policy: PolicyState) -> dict[str, Any]:
-        m = policy.metrics
-        return {
-            "agents": policy.n_envs,
-            "trainer": policy.trainer.name if policy.trainer else None,
-            "mode": policy.options.mode,
-            "env_steps": m.env_steps,
-            "steps_per_s": round(m.steps_rate.rate(), 1),
-            "game_ticks_per_s": round(m.ticks_rate.rate(), 1),
-            "mean_episode_reward": round(float(np.mean(m.episodes)), 4) if m.episodes else None,
-            "episodes": m.episode_count,
-            "held_fraction": round(m.held_ticks / m.group_ticks, 4) if m.group_ticks else 0.0,
-            "longest_hold": m.longest_hold,
-            "trainer_waited_s": round(m.trainer_wait_s, 3),
-            "games_waited_s": round(m.trainer_busy_s, 3),
-        }
-
-
-def _canonical(array: np.ndarray, wire_dtype: str) -> np.ndarray:
-    """Accept any float for continuous and any integer for discrete actions; forward canonical dtypes."""
-    target = DTYPES[wire_dtype]
-    if array.dtype == target:
-        return array
-    if target.kind == "f" and array.dtype.kind == "f":
-        return array.astype(target)
-    if target.kind == "i" and array.dtype.kind in "iu":
-        return array.astype(target)
-    return array  # check_rows reports the wrong dtype
-
-
-def _concatenate(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
-    """Stack the slots' rows into one batch: one copy per key, no per-agent work."""
-    obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
-    reward = np.concatenate([p.reward for p in parts])
-    terminated = np.concatenate([p.terminated for p in parts])
-    truncated = np.concatenate([p.truncated for p in parts])
-    frames = None
-    if all(p.frames is not None for p in parts):
-        frames = np.concatenate([p.frames for p in parts]).astype(np.int32)  # type: ignore[misc]
-    finals = [
-        (p.final_index + off, p.final_obs)
-        for p, off in zip(parts, offsets, strict=True)
-        if p.final_index is not None and p.final_obs is not None and len(p.final_index)
-    ]
-    final_index = final_obs = None
-    if finals:
-        final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
-        final_obs = {key: np.concatenate([f[1][key] for f in finals]) for key, _ in spaces.observation}
-    infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
-    return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

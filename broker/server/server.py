@@ -20,9 +20,20 @@ import structlog
 
 from broker.core.hub import GameSession, Hub, TrainerSession
 from broker.legacy.edge import GodotRlGames
+from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.connection import BrokerConnection, LegacyMessage
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
-from broker.protocol.messages import Close, Error, GameStep, Hello, Message, Status, TrainerAct, TrainerReset
+from broker.protocol.messages import (
+    Close,
+    Error,
+    GameStep,
+    Hello,
+    Message,
+    Status,
+    TrainerAct,
+    TrainerReset,
+    Welcome,
+)
 from broker.server.config import ServerConfig
 
 log = structlog.get_logger("gdrl.server")
@@ -108,7 +119,8 @@ class PeerProtocol(asyncio.Protocol):
                 self.game = self.hub.add_game(self, event)
             elif event.role == "trainer":
                 self.trainer = self.hub.add_trainer(self, event)
-            else:
+            else:  # an observer: status once, then goodbye
+                self.send(Welcome(PROTOCOL_VERSION, 0))
                 self.send(Status(self.server.status()))
                 self.close(Close("status sent"))
         elif isinstance(event, GameStep):
@@ -220,6 +232,9 @@ class BrokerServer:
             self._servers.append(await loop.create_unix_server(lambda: PeerProtocol(self), self.config.unix_path))
         if self.config.status_interval > 0:
             self._status_task = asyncio.create_task(self._log_status())
+        if self.config.metrics_port is not None:
+            metrics = await asyncio.start_server(self._serve_metrics, self.config.host, self.config.metrics_port)
+            self._servers.append(metrics)
         log.info(
             "broker listening",
             host=self.config.host,
@@ -228,10 +243,29 @@ class BrokerServer:
             games=self.config.expected_games,
         )
 
+    async def _serve_metrics(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A minimal HTTP endpoint with the status in Prometheus text format (any path)."""
+        from broker.status import prometheus_text
+
+        try:
+            await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
+            body = prometheus_text(self.status()).encode()
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {len(body)}\r\n"
+            writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
+            await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
     async def _log_status(self) -> None:
         while True:
             await asyncio.sleep(self.config.status_interval)
-            log.info("status", **self.hub.snapshot())
+            snapshot = self.hub.snapshot()
+            games = sum(1 for g in snapshot["games"] if g["connected"])
+            log.info("status", games=f"{games}/{len(snapshot['games'])}")
+            for name, policy in snapshot["policies"].items():
+                log.info("policy status", policy=name, **policy)
 
     def status(self) -> dict[str, Any]:
         return {

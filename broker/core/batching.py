@@ -1,0 +1,42 @@
+"""Pure functions that move rows between games and a policy's batch: no per-agent Python work."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from broker.protocol.messages import StepData
+from broker.protocol.spaces import DTYPES, PolicySpaces
+
+
+def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
+    """Accept any float for continuous and any integer for discrete actions; forward canonical dtypes."""
+    target = DTYPES[wire_dtype]
+    if array.dtype == target:
+        return array
+    if target.kind == "f" and array.dtype.kind == "f":
+        return array.astype(target)
+    if target.kind == "i" and array.dtype.kind in "iu":
+        return array.astype(target)
+    return array  # check_rows reports the wrong dtype
+
+
+def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
+    """Stack the slots' rows into one batch: one copy per key, no per-agent work."""
+    obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
+    reward = np.concatenate([p.reward for p in parts])
+    terminated = np.concatenate([p.terminated for p in parts])
+    truncated = np.concatenate([p.truncated for p in parts])
+    frames = None
+    if all(p.frames is not None for p in parts):
+        frames = np.concatenate([p.frames for p in parts if p.frames is not None]).astype(np.int32)
+    finals = [
+        (p.final_index + off, p.final_obs)
+        for p, off in zip(parts, offsets, strict=True)
+        if p.final_index is not None and p.final_obs is not None and len(p.final_index)
+    ]
+    final_index = final_obs = None
+    if finals:
+        final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
+        final_obs = {key: np.concatenate([f[1][key] for f in finals]) for key, _ in spaces.observation}
+    infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
+    return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

@@ -1,0 +1,80 @@
+"""Per-policy live numbers: throughput, holds, waiting time per side, episode returns."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from broker.protocol.messages import StepData
+
+
+class RateMeter:
+    """Events per second over a sliding window."""
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        self.window_s = window_s
+        self.marks: deque[tuple[float, int]] = deque(maxlen=4096)
+
+    def add(self, now: float, total: int) -> None:
+        self.marks.append((now, total))
+        while len(self.marks) > 2 and now - self.marks[0][0] > self.window_s:
+            self.marks.popleft()
+
+    def rate(self) -> float:
+        if len(self.marks) < 2:
+            return 0.0
+        (t0, n0), (t1, n1) = self.marks[0], self.marks[-1]
+        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+
+
+@dataclass
+class PolicyMetrics:
+    batches: int = 0
+    env_steps: int = 0
+    group_ticks: int = 0  # game ticks that carried this policy's group
+    held_ticks: int = 0  # of those, answered without this policy's actions
+    longest_hold: int = 0  # most ticks one delivered transition spanned
+    trainer_wait_s: float = 0.0  # trainer asked, games had not delivered yet
+    trainer_busy_s: float = 0.0  # batch sent, trainer had not answered yet
+    episodes: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    episode_count: int = 0
+    returns: np.ndarray | None = None
+    steps_rate: RateMeter = field(default_factory=RateMeter)
+    ticks_rate: RateMeter = field(default_factory=RateMeter)
+
+    def record_batch(self, data: StepData, waited_s: float, now: float) -> None:
+        """Account one batch sent to the trainer (returns are summed per row until episodes end)."""
+        n = len(data.reward)
+        self.batches += 1
+        self.env_steps += n
+        self.trainer_wait_s += waited_s
+        self.steps_rate.add(now, self.env_steps)
+        if data.frames is not None and n:
+            self.longest_hold = max(self.longest_hold, int(data.frames.max()))
+        if self.returns is None or len(self.returns) != n:
+            self.returns = np.zeros(n, np.float64)
+        self.returns += data.reward
+        ended = np.flatnonzero(data.terminated | data.truncated)
+        if len(ended):
+            self.episodes.extend(self.returns[ended].tolist())
+            self.episode_count += len(ended)
+            self.returns[ended] = 0.0
+
+    def status(self, agents: int, trainer: str | None, mode: str) -> dict[str, Any]:
+        return {
+            "agents": agents,
+            "trainer": trainer,
+            "mode": mode,
+            "env_steps": self.env_steps,
+            "steps_per_s": round(self.steps_rate.rate(), 1),
+            "game_ticks_per_s": round(self.ticks_rate.rate(), 1),
+            "mean_episode_reward": round(float(np.mean(self.episodes)), 4) if self.episodes else None,
+            "episodes": self.episode_count,
+            "held_fraction": round(self.held_ticks / self.group_ticks, 4) if self.group_ticks else 0.0,
+            "longest_hold": self.longest_hold,
+            "trainer_waited_s": round(self.trainer_wait_s, 3),
+            "games_waited_s": round(self.trainer_busy_s, 3),
+        }

@@ -1,0 +1,79 @@
+"""``gdrl-broker status``: ask a running broker for its live numbers, and the Prometheus text form."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from broker.protocol import PROTOCOL_VERSION
+from broker.protocol.messages import Hello, Status
+
+
+def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
+    from clients.transport import PeerSocket  # the blocking client; the daemon itself never imports it
+
+    sock = PeerSocket(
+        address, Hello("observer", PROTOCOL_VERSION, "gdrl-broker status", token), timeout_connect=timeout
+    )
+    try:
+        message = sock.recv()
+        if not isinstance(message, Status):
+            raise RuntimeError(f"expected status, got {message.TYPE}")
+        return message.status
+    finally:
+        sock.close()
+
+
+def render_table(status: dict[str, Any]) -> str:
+    games = status.get("games", [])
+    connected = sum(1 for g in games if g.get("connected"))
+    lines = [
+        f"broker up {status.get('uptime_s', 0):.0f} s, {status.get('connections', 0)} connections, "
+        f"games {connected}/{len(games)}",
+        "",
+        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'mode':<8} {'steps/s':>9} {'ticks/s':>8} "
+        f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
+    ]
+    for name, p in status.get("policies", {}).items():
+        reward = p.get("mean_episode_reward")
+        lines.append(
+            f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {p['mode']:<8} "
+            f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
+            f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
+            f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
+        )
+    return "\n".join(lines)
+
+
+PROMETHEUS_FIELDS = {
+    "agents": ("gdrl_policy_agents", "gauge", "VecEnv slots of the policy"),
+    "env_steps": ("gdrl_policy_env_steps_total", "counter", "env steps delivered to the trainer"),
+    "steps_per_s": ("gdrl_policy_steps_per_second", "gauge", "env steps per second (10 s window)"),
+    "game_ticks_per_s": ("gdrl_policy_game_ticks_per_second", "gauge", "game ticks carrying the policy per second"),
+    "mean_episode_reward": ("gdrl_policy_mean_episode_reward", "gauge", "mean of the last 100 episode returns"),
+    "episodes": ("gdrl_policy_episodes_total", "counter", "episodes ended"),
+    "held_fraction": ("gdrl_policy_held_fraction", "gauge", "fraction of game ticks held for this policy"),
+    "longest_hold": ("gdrl_policy_longest_hold_ticks", "gauge", "most ticks one transition spanned"),
+    "trainer_waited_s": ("gdrl_policy_trainer_waited_seconds_total", "counter", "trainer waiting for games"),
+    "games_waited_s": ("gdrl_policy_games_waited_seconds_total", "counter", "batch open, trainer not answered"),
+}
+
+
+def prometheus_text(status: dict[str, Any]) -> str:
+    games = status.get("games", [])
+    out = [
+        "# HELP gdrl_games_connected Game instances connected.",
+        "# TYPE gdrl_games_connected gauge",
+        f"gdrl_games_connected {sum(1 for g in games if g.get('connected'))}",
+        "# HELP gdrl_games_expected Game slots (--games).",
+        "# TYPE gdrl_games_expected gauge",
+        f"gdrl_games_expected {len(games)}",
+    ]
+    policies = status.get("policies", {})
+    for field_name, (metric, kind, help_text) in PROMETHEUS_FIELDS.items():
+        out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} {kind}"]
+        for name, p in policies.items():
+            value = p.get(field_name)
+            if value is not None:
+                out.append(f"{metric}{{policy={json.dumps(name)}}} {float(value)}")
+    return "\n".join(out) + "\n"

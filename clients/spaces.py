@@ -40,11 +40,21 @@ def observation_dict(policy: PolicySpaces) -> spaces.Dict:
 
 
 def convert_obs(policy: PolicySpaces, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Wire observations -> arrays of the gymnasium spaces' dtypes (writable copies)."""
+    """Wire observations -> writable C-contiguous arrays of the gymnasium spaces' dtypes.
+
+    Read-only views of a received frame are copied (one copy per key); an array that already is writable,
+    contiguous and of the right dtype (the in-process broker's freshly concatenated batches) is handed over
+    as it is: copying it again would only cost time.
+    """
     out = {}
     for key, space in policy.observation:
-        dtype = np.dtype(space.dtype) if isinstance(space, BoxSpace) else np.int64
-        out[key] = np.array(obs[key], dtype=dtype, copy=True)
+        dtype = np.dtype(space.dtype) if isinstance(space, BoxSpace) else np.dtype(np.int64)
+        array = obs[key]
+        flags = array.flags
+        if array.dtype == dtype and flags.writeable and flags.c_contiguous:
+            out[key] = array
+        else:
+            out[key] = np.array(array, dtype=dtype, copy=True)
     return out
 
 
@@ -92,7 +102,10 @@ class ActionCodec:
                 out[key] = np.clip(block, -1.0, 1.0).astype(np.float32)
             elif isinstance(space, DiscreteAction):
                 flat = block[:, 0]
-                out[key] = (flat > 0).astype(np.int32) if self.continuous else flat.astype(np.int32)
+                if self.continuous:  # one Box column per binary key: > 0 means choice 1 (godot_rl's rule)
+                    out[key] = ((flat > 0) & (space.n > 1)).astype(np.int32)
+                else:
+                    out[key] = flat.astype(np.int32)
             else:
                 out[key] = block.astype(np.int32)
         return out

@@ -210,3 +210,23 @@ def test_trainer_attaching_mid_tick_gets_a_deadline_instead_of_stalling_the_game
     assert not isinstance(game_link.sent[-1], GameActions)  # now waiting for b, within its deadline
     scheduler.fire_all()
     assert set(game_link.last(GameActions).groups) == {"a"}
+
+
+def test_a_trainer_busy_past_its_deadline_is_held_at_once_on_later_ticks() -> None:
+    now = [0.0]
+    scheduler = FakeScheduler()
+    hub = Hub(1, StepOptions(), scheduler=scheduler, clock=lambda: now[0])
+    game_link = FakeLink("game")
+    hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("a", 2, SPACES), GroupSpec("b", 2, SPACES)))
+    game = hub.add_game(game_link, hello)
+    ta, ta_link = add_trainer(hub, "a")
+    add_trainer(hub, "b")  # b takes its batch and goes quiet (a long update)
+    hub.game_step(game, tick(0, [0, 0], policies=("a", "b")))
+    hub.trainer_act(ta, act(0.5, ta_link.last(Batch).step))
+    now[0] += 0.021
+    scheduler.fire_all()  # first tick: b is held after its deadline
+    assert set(game_link.last(GameActions).groups) == {"a"}
+    hub.game_step(game, tick(1, [0, 0], policies=("a", "b")))
+    hub.trainer_act(ta, act(0.5, ta_link.last(Batch).step))
+    # b's batch has been open longer than its deadline: no second wait
+    assert game_link.last(GameActions).tick == 1 and set(game_link.last(GameActions).groups) == {"a"}

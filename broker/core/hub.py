@@ -367,7 +367,14 @@ class Hub:
     def _may_hold(self, game: GameSession, policy: PolicyState) -> bool:
         if policy.name in game.released:
             return True
-        return policy.options.mode == "hold" and policy.trainer is None
+        if policy.options.mode != "hold":
+            return False
+        if policy.trainer is None:
+            return True
+        # A trainer that has sat on its batch past the deadline is busy (a PPO update, say): hold at once
+        # instead of spending a full deadline on every tick until it is back.
+        deadline = policy.deadline_s or 0.0
+        return policy.outstanding is not None and self.clock() - policy.outstanding_since >= deadline
 
     def _arm_deadline(self, game: GameSession, policy: PolicyState) -> None:
         """Start the policy's deadline for the game's waiting tick, once (a trainer may attach mid-tick)."""

@@ -230,3 +230,20 @@ def test_a_trainer_busy_past_its_deadline_is_held_at_once_on_later_ticks() -> No
     hub.trainer_act(ta, act(0.5, ta_link.last(Batch).step))
     # b's batch has been open longer than its deadline: no second wait
     assert game_link.last(GameActions).tick == 1 and set(game_link.last(GameActions).groups) == {"a"}
+
+
+def test_default_deadline_adapts_to_a_slow_but_steady_trainer() -> None:
+    now = [0.0]
+    scheduler = FakeScheduler()
+    hub = Hub(1, StepOptions(), scheduler=scheduler, clock=lambda: now[0])
+    game = hub.add_game(FakeLink("game"), Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("a", 2, SPACES),)))
+    trainer, t_link = add_trainer(hub, "a")
+    for t in range(10):  # the trainer answers every batch in 30 ms, beyond the 20 ms floor
+        hub.game_step(game, tick(t, [0, 0], policies=("a",)))
+        now[0] += 0.030
+        hub.trainer_act(trainer, act(0.1, t_link.last(Batch).step))
+        scheduler.timers.clear()
+    assert hub.policies["a"].deadline_s == pytest.approx(4 * 0.030)
+    explicit = Hub(1, StepOptions(deadline_ms=5.0))
+    explicit.add_game(FakeLink("g"), Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("a", 2, SPACES),)))
+    assert explicit.policies["a"].deadline_s == pytest.approx(0.005)  # an explicit deadline is kept

@@ -27,7 +27,9 @@ Memory is bounded by one accumulator per slot and policy, and one open batch per
 from __future__ import annotations
 
 import functools
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -60,6 +62,8 @@ from broker.protocol.spaces import DTYPES, GroupSpec, PolicySpaces, check_rows
 log = structlog.get_logger("gdrl.hub")
 
 DEFAULT_HOLD_DEADLINE_MS = 20.0
+RESPONSE_WINDOW = 64  # recent trainer answer times kept per policy
+RESPONSE_MARGIN = 4.0  # default hold deadline: at least this many typical answers
 Scheduler = Callable[[float, Callable[[], None]], Any]  # (delay in seconds, callback) -> handle
 
 
@@ -133,11 +137,23 @@ class PolicyState:
     unapplied: set[int] = field(default_factory=set)  # slots holding actions the game has not received yet
     metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
 
+    responses: deque[float] = field(default_factory=lambda: deque(maxlen=RESPONSE_WINDOW))  # trainer answer times
+    typical_response_s: float = 0.0
+
     @property
     def deadline_s(self) -> float | None:
+        """An explicit deadline is kept as given. The hold default adapts: a trainer that always needs,
+        say, 30 ms to turn a large batch around is slow, not busy, and holding it would only add game ticks
+        that carry no decision; so the default is the larger of 20 ms and a few typical answers."""
         if self.options.deadline_ms is not None:
             return self.options.deadline_ms / 1000.0
-        return DEFAULT_HOLD_DEADLINE_MS / 1000.0 if self.options.mode == "hold" else None
+        if self.options.mode != "hold":
+            return None
+        return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, RESPONSE_MARGIN * self.typical_response_s)
+
+    def record_response(self, seconds: float) -> None:
+        self.responses.append(seconds)
+        self.typical_response_s = statistics.median(self.responses)  # robust to the odd long PPO update
 
 
 class Hub:
@@ -496,6 +512,7 @@ class Hub:
         now = self.clock()
         games = policy.outstanding_games
         policy.metrics.trainer_busy_s += now - policy.outstanding_since
+        policy.record_response(now - policy.outstanding_since)
         policy.outstanding = None
         policy.outstanding_games = {}
         trainer.wants_batch = True

@@ -247,3 +247,26 @@ def test_default_deadline_adapts_to_a_slow_but_steady_trainer() -> None:
     explicit = Hub(1, StepOptions(deadline_ms=5.0))
     explicit.add_game(FakeLink("g"), Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("a", 2, SPACES),)))
     assert explicit.policies["a"].deadline_s == pytest.approx(0.005)  # an explicit deadline is kept
+
+
+def test_a_game_waits_for_the_round_not_for_a_busy_trainer() -> None:
+    now = [0.0]
+    scheduler = FakeScheduler()
+    hub = Hub(2, StepOptions(), scheduler=scheduler, clock=lambda: now[0])
+    hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("a", 2, SPACES),))
+    fast_link, slow_link = FakeLink("fast"), FakeLink("slow")
+    fast, slow = hub.add_game(fast_link, hello), hub.add_game(slow_link, hello)
+    trainer, t_link = add_trainer(hub, "a")
+    hub.game_step(fast, tick(0, [0, 0], policies=("a",)))
+    now[0] += 0.021
+    scheduler.fire_all()  # the trainer is waiting for the slow game, not busy: keep waiting
+    assert not any(isinstance(m, GameActions) for m in fast_link.sent)
+    hub.game_step(slow, tick(0, [0, 0], policies=("a",)))
+    hub.trainer_act(trainer, act(0.5, t_link.last(Batch).step, n=4))
+    assert fast_link.last(GameActions).groups["a"]["move"].tolist() == [[0.5], [0.5]]
+    # A game that never delivers holds the others back at most ROUND_WAIT_CAP_S.
+    hub.game_step(fast, tick(1, [0, 0], policies=("a",)))
+    for _ in range(30):
+        now[0] += 0.021
+        scheduler.fire_all()
+    assert fast_link.last(GameActions).tick == 1 and fast_link.last(GameActions).groups == {}

@@ -64,6 +64,7 @@ log = structlog.get_logger("gdrl.hub")
 DEFAULT_HOLD_DEADLINE_MS = 20.0
 RESPONSE_WINDOW = 64  # recent trainer answer times kept per policy
 RESPONSE_MARGIN = 4.0  # default hold deadline: at least this many typical answers
+ROUND_WAIT_CAP_S = 0.5  # longest a hold-mode game waits for the other games of a round
 Scheduler = Callable[[float, Callable[[], None]], Any]  # (delay in seconds, callback) -> handle
 
 
@@ -398,13 +399,35 @@ class Hub:
         if self.scheduler is None or deadline is None or policy.name in game.armed:
             return
         game.armed.add(policy.name)
-        self.scheduler(deadline, functools.partial(self.deadline_passed, game, game.tick, policy.name))
+        self.scheduler(deadline, functools.partial(self.deadline_passed, game, game.tick, policy.name, self.clock()))
 
-    def deadline_passed(self, game: GameSession, tick: int, policy: str) -> None:
-        """A policy's deadline for one game tick: from now on that group may be held."""
+    def deadline_passed(self, game: GameSession, tick: int, name: str, started: float | None = None) -> None:
+        """A policy's deadline for one game tick: from now on that group may be held.
+
+        Holding is for a busy trainer. While the trainer is still waiting for other games to deliver the
+        same round, holding would only make this game run ahead with ticks nobody decides on; so the
+        deadline starts over, up to ``ROUND_WAIT_CAP_S`` in all (a stalled game must not stall the rest).
+        """
         if not game.awaiting or game.tick != tick or self.slots[game.slot].game is not game:
             return
-        game.released.add(policy)
+        policy = self.policies[name]
+        deadline = policy.deadline_s
+        waiting_for_games = (
+            policy.trainer is not None
+            and policy.trainer.wants_batch
+            and policy.outstanding is None
+            and game.slot in policy.round
+        )
+        if (
+            waiting_for_games
+            and started is not None
+            and deadline is not None
+            and self.scheduler is not None
+            and self.clock() - started < ROUND_WAIT_CAP_S
+        ):
+            self.scheduler(deadline, functools.partial(self.deadline_passed, game, tick, name, started))
+            return
+        game.released.add(name)
         self._try_reply(game)
 
     def _try_reply(self, game: GameSession) -> None:

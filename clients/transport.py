@@ -7,6 +7,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from typing import Final
 
 import structlog
 
@@ -17,7 +18,27 @@ from broker.protocol.messages import Close, Error, Hello, Message, Welcome
 from clients.errors import BrokerError
 
 DEFAULT_PORT = 11008
+DEFAULT_TIMEOUT_RECONNECT: Final = 60.0  # seconds a client waits for a lost broker to come back
+MAX_BACKOFF: Final = 1.0  # longest pause between connection attempts, so a broker that is back is found fast
+HANDSHAKE_TIMEOUT: Final = 10.0  # a broker that accepts but never welcomes us, while reconnecting
+# Answers that mean "not yet" while the broker still releases our previous session, or is still starting.
+RETRIED_WHILE_RECONNECTING: Final = frozenset(
+    {"connect_failed", "connection_lost", "timeout", ErrorCode.BROKER_FULL.value, ErrorCode.POLICY_TAKEN.value}
+)
 log = structlog.get_logger("gdrl.client")
+
+
+class BrokerGoneError(BrokerError):
+    """The broker stayed unreachable for the whole reconnect window. Code ``connection_lost``, as any
+    loss of the broker, so existing ``except`` clauses keep working; ``seconds`` says how long it was gone."""
+
+    def __init__(self, address: Address, seconds: float, timeout: float, last: BrokerError) -> None:
+        super().__init__(
+            "connection_lost",
+            f"the broker at {address} was gone for {seconds:.0f} s; gave up reconnecting after the "
+            f"{timeout:g} s timeout_reconnect (last error: {last.code}: {last.message})",
+        )
+        self.seconds = seconds
 
 
 @dataclass(frozen=True)
@@ -68,15 +89,70 @@ class PeerSocket:
         codec: BodyKind = BodyKind.MSGPACK,
     ) -> None:
         self.address = Address.parse(address) if isinstance(address, str) else address
-        self.connection = PeerConnection(hello, codec=codec)  # msgpack, or Godot Variant as the addon speaks
+        self.hello = hello
+        self.codec = codec
+        self.timeout_recv = timeout_recv
+        self.closed_by_broker = False  # the broker said goodbye (close or error frame), as on its shutdown
+        self._open(timeout_connect, timeout_recv)
+
+    def _open(self, timeout_connect: float, timeout_handshake: float | None) -> None:
+        """Connect (with backoff), say hello and read the welcome, on a fresh protocol state."""
+        self.connection = PeerConnection(self.hello, codec=self.codec)  # msgpack, or Godot Variant as the addon
+        self.closed_by_broker = False
         self.sock = self._connect_with_backoff(timeout_connect)
-        self.sock.settimeout(timeout_recv)
+        self.sock.settimeout(timeout_handshake)
         self.closed = False
-        self.sock.sendall(self.connection.initial_bytes())
-        welcome = self.recv()
+        try:
+            self.sock.sendall(self.connection.initial_bytes())
+        except OSError as exc:
+            self.close()
+            raise BrokerError("connection_lost", f"lost the broker at {self.address}: {exc}") from exc
+        try:
+            welcome = self.recv()
+        except BrokerError:
+            self.close()
+            raise
         if not isinstance(welcome, Welcome):
+            self.close()
             raise BrokerError(ErrorCode.UNEXPECTED_MESSAGE.value, f"expected welcome, got {welcome.TYPE}")
+        self.sock.settimeout(self.timeout_recv)
         self.welcome = welcome
+
+    def reconnect(self, timeout: float, cause: BrokerError) -> None:
+        """Replace a lost connection: connect and say hello again, with backoff, for up to ``timeout`` s.
+
+        While the broker is still releasing our previous session it may answer ``broker_full`` or
+        ``policy_taken``; those are retried too. Raises BrokerGoneError once ``timeout`` has passed.
+        """
+        self.close()
+        started = time.monotonic()
+        deadline = started + timeout
+        delay = 0.05
+        last = cause
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            try:
+                self._open(remaining, min(max(remaining, 0.1), HANDSHAKE_TIMEOUT))
+                return
+            except BrokerError as exc:
+                if exc.code not in RETRIED_WHILE_RECONNECTING:
+                    raise
+                last = exc
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise BrokerGoneError(self.address, time.monotonic() - started, timeout, last)
+            time.sleep(min(delay, remaining))  # the last attempt falls on the deadline itself
+            delay = min(delay * 2, MAX_BACKOFF)
+
+    def lost_broker(self, exc: BrokerError, on_shutdown: bool) -> bool:
+        """Whether ``exc`` means the broker went away (so reconnecting may help), not that it refused us.
+
+        A dropped connection always counts; an orderly shutdown (``close`` to a game, ``shutting_down``
+        to a trainer) counts only with ``on_shutdown``, since by default a peer told to stop stops.
+        """
+        if exc.code == "connection_lost":
+            return True
+        return on_shutdown and self.closed_by_broker and exc.code in ("closed", ErrorCode.SHUTTING_DOWN.value)
 
     def _connect_with_backoff(self, timeout: float) -> socket.socket:
         deadline = time.monotonic() + timeout
@@ -90,7 +166,7 @@ class PeerSocket:
                         "connect_failed", f"could not reach the broker at {self.address} within {timeout:.0f} s: {exc}"
                     ) from exc
                 time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                delay = min(delay * 2, MAX_BACKOFF)
 
     def send(self, message: Message) -> None:
         if self.closed:
@@ -109,9 +185,11 @@ class PeerSocket:
                 raise BrokerError(exc.code.value, exc.message) from exc
             if message is not None:
                 if isinstance(message, Error):
+                    self.closed_by_broker = True
                     self.close()
                     raise BrokerError(message.code, message.message)
                 if isinstance(message, Close):
+                    self.closed_by_broker = True
                     self.close()
                     raise BrokerError("closed", message.reason or "the broker closed the connection")
                 return message

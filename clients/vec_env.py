@@ -163,24 +163,34 @@ class BrokerVecEnv(VecEnv):
         terminated = np.asarray(data.terminated)
         truncated = np.asarray(data.truncated)
         dones = terminated | truncated
-        # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends.
-        infos: list[dict[str, Any]] = [{"TimeLimit.truncated": t} for t in (truncated & ~terminated).tolist()]
-        if data.frames is not None:  # hold mode: game ticks each transition spanned
-            for info, frames in zip(infos, data.frames.tolist(), strict=True):
-                info["frames"] = frames
+        # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends. SB3 wants
+        # one dict per env: built in one comprehension, the only loop over all rows.
+        time_limit = (truncated & ~terminated).tolist()
+        infos: list[dict[str, Any]]
+        if data.frames is None:
+            infos = [{"TimeLimit.truncated": t} for t in time_limit]
+        else:  # hold mode: game ticks each transition spanned
+            frames = data.frames.tolist()
+            infos = [{"TimeLimit.truncated": t, "frames": f} for t, f in zip(time_limit, frames, strict=True)]
         for row, info in data.infos.items():
             infos[row].update(info)
         done_rows = np.flatnonzero(dones)
         if len(done_rows):
+            # Only the ended rows are copied (a writable row each), straight from the wire arrays.
             finals: dict[int, int] = {}
-            final_obs: dict[str, np.ndarray] = {}
             if data.final_index is not None and data.final_obs is not None:
-                finals = {int(row): j for j, row in enumerate(data.final_index)}
-                final_obs = convert_obs(self.spaces, data.final_obs)
+                finals = dict(zip(data.final_index.tolist(), range(len(data.final_index)), strict=True))
+            spaces = self.observation_space.spaces  # type: ignore[attr-defined]
             for row in done_rows.tolist():
                 j = finals.get(row)
-                source, index = (final_obs, j) if j is not None else (obs, row)
-                infos[row]["terminal_observation"] = {k: v[index].copy() for k, v in source.items()}
+                if j is not None:
+                    source = data.final_obs
+                    assert source is not None
+                    infos[row]["terminal_observation"] = {
+                        k: np.array(v[j], dtype=spaces[k].dtype) for k, v in source.items()
+                    }
+                else:
+                    infos[row]["terminal_observation"] = {k: v[row].copy() for k, v in obs.items()}
         self._last_obs = obs
         return obs, np.array(data.reward, dtype=np.float32), dones, infos
 

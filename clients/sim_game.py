@@ -16,6 +16,7 @@ import argparse
 from typing import Final
 
 import numpy as np
+import structlog
 
 from broker.protocol.messages import StepData
 from broker.protocol.spaces import (
@@ -30,6 +31,7 @@ from broker.protocol.spaces import (
 MOVER: Final = "mover"
 PICKER: Final = "picker"
 CORRIDOR: Final = 8
+log = structlog.get_logger("gdrl.sim_game")
 
 
 def mover_spaces() -> PolicySpaces:
@@ -156,6 +158,7 @@ def run_sim_game(
     """Play until the broker closes (or ``max_ticks``); returns the number of ticks played."""
     from clients.errors import BrokerError
     from clients.game import GameClient
+    from clients.transport import BrokerGoneError
 
     game = SimGame(n_movers, n_pickers, seed)
     client = GameClient(address, game.group_specs(), name=name, token=token)
@@ -163,9 +166,13 @@ def run_sim_game(
     try:
         while max_ticks is None or client.tick < max_ticks:
             data = game.apply(client.step(data))
+    except BrokerGoneError as exc:
+        log.error("gave up on the broker", error=exc.message)  # not a normal end: say so
+        raise
     except BrokerError as exc:
         if exc.code not in ("closed", "connection_lost"):
             raise
+        log.info("broker closed the game", reason=exc.message, ticks=client.tick)
     finally:
         client.close()
     return client.tick

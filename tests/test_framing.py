@@ -101,3 +101,21 @@ def test_truncated_and_mutated_valid_streams(cut: int, flips: list[tuple[int, in
             pass
     except RemoteProtocolError:
         pass
+
+
+def test_frames_before_hello_are_capped_small() -> None:
+    connection = BrokerConnection(max_frame_bytes=64 << 20)
+    connection.receive_data(struct.pack("<I", (1 << 20) + 1))
+    with pytest.raises(RemoteProtocolError) as err:
+        connection.next_event()
+    assert err.value.code is ErrorCode.FRAME_TOO_LARGE
+
+
+def test_empty_arrays_round_trip() -> None:
+    import msgpack
+    import numpy as np
+
+    from broker.protocol.arrays import decode_array, encode_array
+
+    wire = msgpack.unpackb(msgpack.packb(encode_array(np.zeros((0, 3), np.float32))))
+    assert decode_array(wire, "empty").shape == (0, 3)

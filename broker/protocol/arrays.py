@@ -6,7 +6,6 @@ views of the received body; copy before writing to them.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Final
 
 import numpy as np
@@ -30,7 +29,14 @@ DTYPES: Final[dict[str, np.dtype[Any]]] = {
 MAX_NDIM: Final = 8
 
 
+# Native numpy dtypes that are already their wire form, keyed by dtype: one dict lookup per array.
+_WIRE_NAME: Final[dict[np.dtype[Any], str]] = {dtype: name for name, dtype in DTYPES.items()}
+
+
 def dtype_name(dtype: np.dtype[Any]) -> str:
+    name = _WIRE_NAME.get(dtype)
+    if name is not None:
+        return name
     name = np.dtype(dtype).name
     if name not in DTYPES:
         raise ValueError(f"dtype {name} cannot cross the wire; use one of {sorted(DTYPES)}")
@@ -38,28 +44,36 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
-    name = dtype_name(array.dtype)
-    wire = np.ascontiguousarray(array, dtype=DTYPES[name])
-    return {"dtype": name, "shape": list(wire.shape), "data": wire.data.cast("B")}
+    """The array map; ``data`` is a view of the array's memory when it is already contiguous wire data."""
+    name = _WIRE_NAME.get(array.dtype)
+    if name is None or array.ndim == 0 or not array.flags.c_contiguous:
+        name = dtype_name(array.dtype)
+        array = np.ascontiguousarray(array, dtype=DTYPES[name])  # also makes a 0-d array 1-d, as it always did
+    data = array.data.cast("B") if array.size else b""  # memoryview cannot cast a view with a zero dimension
+    return {"dtype": name, "shape": list(array.shape), "data": data}
 
 
 def decode_array(obj: Any, what: str) -> np.ndarray:
-    """Validate and view an encoded array. ``what`` names it in error messages."""
+    """Validate and view an encoded array. ``what`` names it in error messages.
+
+    The result is a read-only view of ``data``: no copy, no per-element work.
+    """
     if not isinstance(obj, dict):
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: expected an array map, got {type(obj).__name__}")
     name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
-    if not isinstance(name, str) or name not in DTYPES:
+    dtype = DTYPES.get(name) if type(name) is str else None
+    if dtype is None:
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: unknown dtype {name!r}")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > MAX_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-    ):
+    if type(shape) is not list or len(shape) > MAX_NDIM:
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {shape!r}")
+    count = 1
+    for d in shape:
+        if type(d) is not int or d < 0:  # type() is int: no bools, no floats
+            raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {shape!r}")
+        count *= d
     if not isinstance(data, bytes):
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: data must be binary")
-    dtype = DTYPES[name]
-    expected = math.prod(shape) * dtype.itemsize
+    expected = count * dtype.itemsize
     if len(data) != expected:
         raise RemoteProtocolError(
             ErrorCode.MALFORMED, f"{what}: shape {shape} of {name} needs {expected} bytes, got {len(data)}"

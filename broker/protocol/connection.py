@@ -49,6 +49,7 @@ GREETING_HANDSHAKE: Final = {
     "broker_protocol": PROTOCOL_VERSION,
 }
 GREETING_ENV_INFO: Final = {"type": "env_info"}
+MAX_FIRST_FRAME_BYTES: Final = 1 << 20  # a hello with 64 groups of 64 keys fits many times over
 GREETING: Final = encode_frame(pack_json(GREETING_HANDSHAKE)) + encode_frame(pack_json(GREETING_ENV_INFO))
 
 
@@ -92,7 +93,9 @@ class BrokerConnection:
     def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         self.state = State.AWAIT_HELLO
         self.codec = BodyKind.MSGPACK  # fixed by the hello: msgpack or Godot Variant
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self.max_frame_bytes = max_frame_bytes
+        # Until a peer has said who it is, it may only send small frames (a hello, or godot_rl's env_info).
+        self._decoder = FrameDecoder(min(max_frame_bytes, MAX_FIRST_FRAME_BYTES))
 
     @staticmethod
     def greeting() -> bytes:
@@ -124,6 +127,7 @@ class BrokerConnection:
             if kind is not BodyKind.JSON:
                 raise RemoteProtocolError(ErrorCode.MALFORMED, "a godot_rl game sent a non-JSON frame")
             self.state = State.LEGACY
+            self._decoder.max_frame_bytes = self.max_frame_bytes
             return LegacyMessage(unpack_json(body))
         if kind is BodyKind.JSON or (self.state is not State.AWAIT_HELLO and kind is not self.codec):
             raise RemoteProtocolError(ErrorCode.MALFORMED, f"a {self.codec.value} peer sent a {kind.value} frame")
@@ -140,6 +144,7 @@ class BrokerConnection:
                     f"peer speaks protocol {message.protocol}, this broker speaks {PROTOCOL_VERSION}",
                 )
             self.codec = kind
+            self._decoder.max_frame_bytes = self.max_frame_bytes
             self.state = {"game": State.GAME, "trainer": State.TRAINER, "observer": State.OBSERVER}[message.role]
         return message
 

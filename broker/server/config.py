@@ -24,7 +24,7 @@ class ServerConfig:
     timeout_hello: float = 30.0
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
-    metrics_port: int | None = None  # Prometheus text endpoint on --host, off by default
+    metrics_port: int | None = None  # Prometheus text endpoint on 127.0.0.1, off by default
     # stepping defaults for policies whose trainer does not choose (docs/protocol.md, hold-and-accumulate)
     stepping: str = "hold"
     deadline_ms: float | None = None  # None: 20 ms in hold mode, no deadline in barrier mode

@@ -233,7 +233,8 @@ class BrokerServer:
         if self.config.status_interval > 0:
             self._status_task = asyncio.create_task(self._log_status())
         if self.config.metrics_port is not None:
-            metrics = await asyncio.start_server(self._serve_metrics, self.config.host, self.config.metrics_port)
+            # Loopback only: the endpoint has no token, so it never follows --host off this machine.
+            metrics = await asyncio.start_server(self._serve_metrics, "127.0.0.1", self.config.metrics_port)
             self._servers.append(metrics)
         log.info(
             "broker listening",

@@ -64,6 +64,9 @@ log = structlog.get_logger("gdrl.hub")
 DEFAULT_HOLD_DEADLINE_MS = 20.0
 RESPONSE_WINDOW = 64  # recent trainer answer times kept per policy
 RESPONSE_MARGIN = 4.0  # default hold deadline: at least this many typical answers
+# The cap matters when one script steps several policies in turn: each trainer's answer time then includes
+# the others' steps (and their deadlines), which would otherwise feed back into ever longer deadlines.
+MAX_ADAPTIVE_DEADLINE_MS = 100.0
 ROUND_WAIT_CAP_S = 0.5  # longest a hold-mode game waits for the other games of a round
 Scheduler = Callable[[float, Callable[[], None]], Any]  # (delay in seconds, callback) -> handle
 
@@ -150,7 +153,8 @@ class PolicyState:
             return self.options.deadline_ms / 1000.0
         if self.options.mode != "hold":
             return None
-        return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, RESPONSE_MARGIN * self.typical_response_s)
+        adaptive = min(RESPONSE_MARGIN * self.typical_response_s, MAX_ADAPTIVE_DEADLINE_MS / 1000.0)
+        return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, adaptive)
 
     def record_response(self, seconds: float) -> None:
         self.responses.append(seconds)

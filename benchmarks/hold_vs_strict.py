@@ -40,6 +40,7 @@ def trainer_main(argv: list[str]) -> None:
     parser.add_argument("--batch-size", type=int, required=True)
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--timesteps", type=int, default=10**9)
+    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -71,7 +72,7 @@ def trainer_main(argv: list[str]) -> None:
         n_steps=args.n_steps,
         n_epochs=args.n_epochs,
         batch_size=args.batch_size,
-        seed=0,
+        seed=args.seed,
         verbose=0,
     )
     model.learn(total_timesteps=args.timesteps, callback=Budget())
@@ -91,7 +92,7 @@ def trainer_main(argv: list[str]) -> None:
     env.close()
 
 
-def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: int) -> dict[str, Any]:
+def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: int, seed: int = 0) -> dict[str, Any]:
     """Throughput (``seconds`` > 0): rates read from the broker's status over a window while both trainers run.
     Learning (``timesteps``): both trainers run to the same number of their own steps."""
     from tests.helpers import broker_process, python_env  # the same subprocess broker the tests use
@@ -113,7 +114,7 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
                     "--pickers",
                     str(agents),
                     "--seed",
-                    str(i),
+                    str(100 * seed + i),
                 ],
                 env=env,
                 **quiet,
@@ -133,6 +134,8 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
                     spec["policy"],
                     "--mode",
                     mode,
+                    "--seed",
+                    str(seed),
                     "--report",
                     str(workdir / f"{mode}-{spec['policy']}.json"),
                     "--n-steps",
@@ -212,6 +215,7 @@ def main() -> None:
     parser.add_argument("--learning", action="store_true", help="compare rewards after equal own steps instead")
     parser.add_argument("--timesteps", type=int, default=40_960, help="own steps per policy (learning run)")
     parser.add_argument("--agents", type=int, default=8, help="agents per group per game")
+    parser.add_argument("--seeds", type=int, default=3, help="learning run: seeds per mode")
     parser.add_argument("--out", default="hold_vs_strict.json")
     args = parser.parse_args()
     # Equal own steps: a multiple of both PPO rollouts (2 games x agents envs each), so neither trainer
@@ -219,12 +223,38 @@ def main() -> None:
     rollout = SLOW["n_steps"] * 2 * args.agents
     learning_steps = -(-args.timesteps // rollout) * rollout
     seconds, timesteps = (0.0, learning_steps) if args.learning else (args.seconds, 10**9)
-    results = []
+    if args.learning:
+        runs = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for seed in range(args.seeds):
+                runs.append([run_mode(m, 0.0, timesteps, Path(tmp), args.agents, seed) for m in ("barrier", "hold")])
+        Path(args.out).write_text(json.dumps(runs, indent=2))
+        print(render_learning(runs))
+        return
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("barrier", "hold"):
-            results.append(run_mode(mode, seconds, timesteps, Path(tmp), args.agents))
+        results = [run_mode(mode, seconds, timesteps, Path(tmp), args.agents) for mode in ("barrier", "hold")]
     Path(args.out).write_text(json.dumps(results, indent=2))
-    print(render(results, args.learning))
+    print(render(results, learning=False))
+
+
+def render_learning(runs: list[list[dict[str, Any]]]) -> str:
+    import numpy as np
+
+    lines = [
+        f"| policy | own steps | reward, strict (mean ± sd of {len(runs)} seeds) | reward, hold | "
+        "hold - strict per seed | mean frames (hold) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in (SLOW["policy"], FAST["policy"]):
+        strict = np.array([run[0][p]["reward_end"] for run in runs])
+        hold = np.array([run[1][p]["reward_end"] for run in runs])
+        diffs = ", ".join(f"{d:+.3f}" for d in hold - strict)
+        frames = np.mean([run[1][p]["mean_frames"] for run in runs])
+        lines.append(
+            f"| {p} | {runs[0][1][p]['env_steps']} | {strict.mean():.3f} ± {strict.std():.3f} | "
+            f"{hold.mean():.3f} ± {hold.std():.3f} | {diffs} | {frames:.2f} |"
+        )
+    return "\n".join(lines)
 
 
 def render(results: list[dict[str, Any]], learning: bool) -> str:

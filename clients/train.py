@@ -415,10 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops like Ctrl-C: save, exit 0
+    # Also when started from a non-interactive shell, which hands its background jobs SIGINT ignored:
+    # an explicit SIGINT to a trainer means "save and stop" there too.
+    previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     try:
         return _run(args, options, policy_type)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 def _fail(message: str) -> None:

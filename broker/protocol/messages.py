@@ -38,10 +38,18 @@ def _str(obj: dict[str, Any], key: str, what: str, default: str | None = None) -
     return value
 
 
+def _array(obj: Any, what: str, key: str) -> np.ndarray:
+    """``decode_array`` naming the array ``what.key``; the name is only built for an error message."""
+    try:
+        return decode_array(obj, key)
+    except RemoteProtocolError:
+        return decode_array(obj, f"{what}.{key}")  # raises again, with the full name
+
+
 def _arrays(obj: Any, what: str) -> dict[str, np.ndarray]:
     if not isinstance(obj, dict) or len(obj) > 64:
         raise _malformed(f"{what} must be a map of key to array")
-    return {str(k): decode_array(v, f"{what}.{k}") for k, v in obj.items()}
+    return {(k if type(k) is str else str(k)): _array(v, what, str(k)) for k, v in obj.items()}
 
 
 def _encode_arrays(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
@@ -89,9 +97,9 @@ class StepData:
     def from_wire(cls, obj: Any, what: str) -> StepData:
         if not isinstance(obj, dict):
             raise _malformed(f"{what} must be a map")
-        reward = decode_array(obj.get("reward"), f"{what}.reward")
-        terminated = decode_array(obj.get("terminated"), f"{what}.terminated")
-        truncated = decode_array(obj.get("truncated"), f"{what}.truncated")
+        reward = _array(obj.get("reward"), what, "reward")
+        terminated = _array(obj.get("terminated"), what, "terminated")
+        truncated = _array(obj.get("truncated"), what, "truncated")
         if reward.ndim != 1 or reward.dtype != np.float32:
             raise _malformed(f"{what}.reward must be a 1-d float32 array")
         n = reward.shape[0]
@@ -169,7 +177,6 @@ class StepOptions:
         ):
             raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.stepping.deadline_ms must be a number of ms >= 0")
         return cls(mode, None if deadline is None else float(deadline), hold_action)
-
 
 
 @dataclass

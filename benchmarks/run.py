@@ -1,0 +1,615 @@
+"""Benchmark orchestrator: every mode of every configuration of a preset, a table, and a JSON file.
+
+    python -m benchmarks.run --preset quick --out results.json
+    python -m benchmarks.run --preset full --out results.json
+    python -m benchmarks.run --preset smoke --modes raw,broker_tcp --out smoke.json
+
+Modes (configs.MODES): (a) ``godot_rl``: the real godot-rl package's GodotEnv + StableBaselinesGodotEnv.step,
+serving the plugin-protocol game emulator (clients/plugin_emulator.py), i.e. what users have today;
+(b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game (GameClient) + one BrokerVecEnv
+process per policy over TCP; (c) ``broker_unix``: the same over the broker's Unix socket; (d)
+``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
+games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly.
+
+Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import queue
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from benchmarks.configs import (
+    ANCHOR,
+    IMAGE_KEY,
+    IMAGE_SHAPE,
+    MODE_TITLES,
+    MODES,
+    ONE_AGENT,
+    PRESETS,
+    BenchConfig,
+    Preset,
+)
+from benchmarks.measure import ProcSample, interpolate, sample_process
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_INTERVAL_S = 0.1
+STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
+BROKER_MODES = ("broker_tcp", "broker_unix", "inprocess")
+
+
+# Proposed change P7 (docs/performance.md): glibc keeps large freed blocks instead of mapping and unmapping
+# them for every message. ``--malloc-tuning`` measures its effect by setting it for every process.
+MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+_extra_env: dict[str, str] = {}
+
+
+def python_env() -> dict[str, str]:
+    env = {**os.environ, **_extra_env}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def broker_command() -> list[str]:
+    script = Path(sys.executable).with_name("gdrl-broker")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "broker"]
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Watched:
+    role: str
+    proc: subprocess.Popen[str]
+    stderr_path: Path
+    tid: int | None = None  # also sample this thread's CPU (the in-process broker's loop)
+    samples: list[ProcSample] = field(default_factory=list)
+    thread_samples: list[ProcSample] = field(default_factory=list)
+
+
+class Run:
+    """One mode x configuration: start the processes, collect trainer results, sample /proc, stop."""
+
+    def __init__(self, mode: str, config: BenchConfig, warmup_s: float, measure_s: float, workdir: Path) -> None:
+        self.mode = mode
+        self.config = config
+        self.warmup_s = warmup_s
+        self.measure_s = measure_s
+        self.workdir = workdir
+        self.watched: list[Watched] = []
+        self.events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.broker_idle_rss: int | None = None
+        self.wire: dict[str, list[dict[str, Any]]] = {}  # game role -> its cumulative byte reports
+        self._stop_sampling = threading.Event()
+        self._lock = threading.Lock()
+
+    # --- processes -------------------------------------------------------------------------------
+
+    def spawn(self, role: str, args: list[str]) -> Watched:
+        stderr_path = self.workdir / f"{role}.err"
+        err = open(stderr_path, "w")
+        proc = subprocess.Popen(
+            args, stdout=subprocess.PIPE, stderr=err, text=True, env=python_env(), cwd=ROOT, start_new_session=True
+        )
+        err.close()
+        watched = Watched(role, proc, stderr_path)
+        with self._lock:
+            self.watched.append(watched)
+        threading.Thread(target=self._read_events, args=(role, proc.stdout), daemon=True).start()
+        return watched
+
+    def _read_events(self, role: str, stream: IO[str] | None) -> None:
+        assert stream is not None
+        for line in stream:
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    self.events.put((role, json.loads(line)))
+
+    def _sample_loop(self) -> None:
+        while not self._stop_sampling.wait(SAMPLE_INTERVAL_S):
+            self.sample_all()
+
+    def sample_all(self) -> None:
+        with self._lock:
+            watched = list(self.watched)
+        for w in watched:
+            sample = sample_process(w.proc.pid)
+            if sample is not None:
+                w.samples.append(sample)
+            if w.tid is not None:
+                sample = sample_process(w.proc.pid, w.tid)
+                if sample is not None:
+                    w.thread_samples.append(sample)
+
+    def wait_event(self, deadline: float, want: str = "ready") -> tuple[str, dict[str, Any]]:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RunFailed(f"timed out waiting for '{want}'")
+            try:
+                role, event = self.events.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                self._check_alive()
+                continue
+            if event.get("event") == "wire":
+                self.wire.setdefault(role, []).append(event)
+            if event.get("event") == want:
+                return role, event
+
+    def _drain_events(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                role, event = self.events.get_nowait()
+                if event.get("event") == "wire":
+                    self.wire.setdefault(role, []).append(event)
+
+    def game_bytes_per_step(self) -> float | None:
+        """Bytes in and out of every game per lock-step, from the games' own counts, setup excluded."""
+        total = 0.0
+        for role in (w.role for w in self.watched if w.role.startswith("game")):
+            reports = self.wire.get(role)
+            if not reports:
+                return None
+            first, last = reports[0], reports[-1]
+            if last["ticks"] == first["ticks"]:
+                first = {"ticks": 0, "bytes_in": 0, "bytes_out": 0}
+            total += (last["bytes_in"] + last["bytes_out"] - first["bytes_in"] - first["bytes_out"]) / (
+                last["ticks"] - first["ticks"]
+            )
+        return total
+
+    def _check_alive(self) -> None:
+        for w in self.watched:
+            code = w.proc.poll()
+            if code is not None:
+                raise RunFailed(f"{w.role} exited with code {code}: {tail(w.stderr_path)}")
+
+    def stop(self) -> None:
+        """Trainers first (nothing waits on them then), games next, the broker last and gracefully."""
+
+        def order(w: Watched) -> int:
+            return 0 if w.role.startswith("trainer") else 2 if w.role == "broker" else 1
+
+        for w in sorted(self.watched, key=order):
+            if w.proc.poll() is not None:
+                continue
+            if w.role == "broker":
+                w.proc.send_signal(signal.SIGTERM)
+                try:
+                    w.proc.wait(timeout=15)
+                    continue
+                except subprocess.TimeoutExpired:
+                    pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(w.proc.pid, signal.SIGKILL)
+            w.proc.wait(timeout=15)
+        for w in self.watched:
+            if w.proc.stdout is not None:
+                w.proc.stdout.close()
+
+    # --- modes -----------------------------------------------------------------------------------
+
+    def start(self, deadline: float) -> int:
+        """Start the mode's processes; return how many result events to expect."""
+        config_json = json.dumps(self.config.to_json())
+        timing = ["--warmup", str(self.warmup_s), "--measure", str(self.measure_s)]
+        py = sys.executable
+        if self.mode == "godot_rl":
+            ports = [free_port() for _ in range(self.config.games)]
+            trainer_args = ["--ports", ",".join(map(str, ports)), "--config", config_json, *timing]
+            self.spawn("trainer", [py, "-m", "benchmarks.trainers", "godot_rl", *trainer_args])
+            for i, port in enumerate(ports):
+                self.spawn(f"game-{i}", [py, "-m", "benchmarks.plugin_game", *emulator_args(self.config, port, i)])
+            return 1
+        if self.mode == "raw":
+            port = free_port()
+            self.spawn(
+                "trainer",
+                [py, "-m", "benchmarks.raw", "trainer", "--port", str(port), "--config", config_json, *timing],
+            )
+            self.wait_event(deadline)
+            for i in range(self.config.games):
+                game_args = ["--port", str(port), "--config", config_json, "--game-index", str(i)]
+                self.spawn(f"game-{i}", [py, "-m", "benchmarks.raw", "game", *game_args])
+            return 1
+        if self.mode == "inprocess":
+            trainer = self.spawn(
+                "trainer", [py, "-m", "benchmarks.trainers", "inprocess", "--config", config_json, *timing]
+            )
+            _, ready = self.wait_event(deadline)
+            trainer.tid = int(ready["broker_tid"])
+            trainer.role = "trainer+broker"
+            self.sample_all()
+            self.broker_idle_rss = trainer.samples[-1].rss_bytes if trainer.samples else None
+            self._spawn_games(f"127.0.0.1:{ready['port']}", config_json)
+            return self.config.policies
+        # broker_tcp / broker_unix
+        port_file = self.workdir / "port"
+        unix_path = self.workdir / "broker.sock"
+        args = [*broker_command(), "serve", "--port", "0", "--port-file", str(port_file)]
+        args += ["--games", str(self.config.games), "--status-interval", "0", "--log-level", "warning"]
+        args += ["--stepping", STEPPING]
+        if self.mode == "broker_unix":
+            args += ["--unix", str(unix_path)]
+        broker = self.spawn("broker", args)
+        while not port_file.exists():
+            if broker.proc.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(f"broker did not start: {tail(broker.stderr_path)}")
+            time.sleep(0.02)
+        time.sleep(0.1)  # the Unix socket is bound right after the TCP port
+        self.sample_all()
+        self.broker_idle_rss = broker.samples[-1].rss_bytes if broker.samples else None
+        address = f"unix:{unix_path}" if self.mode == "broker_unix" else f"127.0.0.1:{port_file.read_text()}"
+        for name in self.config.policy_names:
+            trainer_args = ["--address", address, "--policy", name, *timing]
+            self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "broker", *trainer_args])
+        self._spawn_games(address, config_json)
+        return self.config.policies
+
+    def _spawn_games(self, address: str, config_json: str) -> None:
+        for i in range(self.config.games):
+            args = ["--address", address, "--config", config_json, "--game-index", str(i)]
+            self.spawn(f"game-{i}", [sys.executable, "-m", "benchmarks.bench_game", *args])
+
+    # --- the whole run ---------------------------------------------------------------------------
+
+    def execute(self, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        sampler = threading.Thread(target=self._sample_loop, daemon=True)
+        sampler.start()
+        try:
+            expected = self.start(deadline)
+            results: list[dict[str, Any]] = []
+            while len(results) < expected:
+                _, event = self.wait_event(deadline, "result")
+                results.append(event)
+            self.sample_all()
+            self._drain_events()
+            return self.metrics(results)
+        finally:
+            self._stop_sampling.set()
+            sampler.join()
+            self.stop()
+
+    def metrics(self, results: list[dict[str, Any]]) -> dict[str, Any]:
+        starts = [r["window"][0] for r in results]
+        ends = [r["window"][1] for r in results]
+        t0, t1 = max(starts), min(ends)
+        if t1 - t0 < 0.2 * (max(ends) - min(starts)):  # windows barely overlap: use their union
+            t0, t1 = min(starts), max(ends)
+        span = t1 - t0
+        steps = statistics.mean(r["steps_per_s"] for r in results) * span
+        latencies = np.concatenate([np.asarray(r["latencies_ms"]) for r in results])
+
+        def delta(w: Watched, what: str) -> float:
+            return interpolate(w.samples, t1, what) - interpolate(w.samples, t0, what)
+
+        cpu = {w.role: delta(w, "cpu_s") for w in self.watched}
+        total_cpu = sum(cpu.values())
+        broker = next((w for w in self.watched if w.role in ("broker", "trainer+broker")), None)
+        out: dict[str, Any] = {
+            "agent_steps_per_s": sum(r["agent_steps_per_s"] for r in results),
+            "steps_per_s": statistics.mean(r["steps_per_s"] for r in results),
+            "latency_mean_ms": float(latencies.mean()),
+            "latency_p99_ms": float(np.percentile(latencies, 99)),
+            "window_s": span,
+            "trainers": len(results),
+            "cpu_cores_total": total_cpu / span,
+            "cpu_cores": {role: value / span for role, value in cpu.items()},
+            # CPU per lock-step is far steadier than throughput on a shared machine: waiting costs no CPU.
+            "cpu_us_per_step_total": total_cpu / steps * 1e6,
+            "cpu_us_per_step": {role: value / steps * 1e6 for role, value in cpu.items()},
+            "game_bytes_per_step": self.game_bytes_per_step(),
+            "payload_obs_bytes_per_step": self.config.agents_per_step * self.config.observation_bytes_per_agent(),
+            "wire_mb_per_s": None,
+            "broker_cpu_cores": None,
+            "broker_cpu_share": None,
+            "broker_peak_rss_mb": None,
+            "broker_rss_per_connection_kb": None,
+            "broker_bytes_per_step": None,
+        }
+        if out["game_bytes_per_step"] is not None:  # bytes in and out of the games, per second
+            out["wire_mb_per_s"] = out["game_bytes_per_step"] * out["steps_per_s"] / 1e6
+        if broker is not None and broker.samples:
+            last = broker.samples[-1]
+            connections = self.config.games + (self.config.policies if broker.role == "broker" else 0)
+            # In-process, the broker is one thread (its event loop) of the trainers' process.
+            broker_cpu = (
+                interpolate(broker.thread_samples, t1, "cpu_s") - interpolate(broker.thread_samples, t0, "cpu_s")
+                if broker.tid is not None
+                else cpu[broker.role]
+            )
+            out["broker_cpu_cores"] = broker_cpu / span
+            out["broker_cpu_share"] = broker_cpu / total_cpu if total_cpu > 0 else None
+            out["cpu_us_per_step"]["broker loop"] = broker_cpu / steps * 1e6
+            out["broker_peak_rss_mb"] = last.hwm_bytes / 2**20
+            if self.broker_idle_rss is not None:
+                out["broker_rss_per_connection_kb"] = (last.rss_bytes - self.broker_idle_rss) / connections / 1024
+            if broker.role == "broker":
+                out["broker_bytes_per_step"] = delta(broker, "io_bytes") / steps
+        return out
+
+
+def emulator_args(config: BenchConfig, port: int, game_index: int) -> list[str]:
+    policies = ",".join(f"{name}:{config.agents}:continuous" for name in config.policy_names)
+    args = [f"--port={port}", f"--policies={policies}", f"--obs_size={config.vector_size}"]
+    args += ["--fast", "--horizon=50", f"--game_id={game_index}"]
+    if config.obs == "img":
+        args += [f"--image_key={IMAGE_KEY}", "--image_shape=" + ",".join(map(str, IMAGE_SHAPE))]
+    return args
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no stderr)"
+
+
+# --- presets, summary, table ----------------------------------------------------------------------
+
+
+def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: float, log: IO[str]) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    started = time.monotonic()
+    machine_before = machine_info()
+    for config in preset.configs:
+        for repeat in range(preset.repeats.get(config, 1)):
+            for mode in modes:  # modes interleaved, so a noisy spell hits all of them alike
+                workdir = Path(tempfile.mkdtemp(prefix="gdrl-bench-"))
+                record: dict[str, Any] = {"config": config.to_json(), "mode": mode, "repeat": repeat}
+                try:
+                    record.update(Run(mode, config, preset.warmup_s, preset.measure_s, workdir).execute(timeout_s))
+                    print(
+                        f"  {config.label:<34} {mode:<12} {record['agent_steps_per_s']:>12,.0f} agent-steps/s"
+                        f"  mean {record['latency_mean_ms']:8.3f} ms  p99 {record['latency_p99_ms']:8.3f} ms",
+                        file=log,
+                        flush=True,
+                    )
+                except RunFailed as exc:
+                    record["error"] = str(exc)
+                    print(f"  {config.label:<34} {mode:<12} FAILED: {exc}", file=log, flush=True)
+                finally:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                runs.append(record)
+    summary = summarize(runs, preset.configs, modes)
+    return {
+        "preset": preset_name,
+        "modes": modes,
+        "mode_titles": {m: MODE_TITLES[m] for m in modes},
+        "stepping": STEPPING,
+        "environment": dict(_extra_env),
+        "warmup_s": preset.warmup_s,
+        "measure_s": preset.measure_s,
+        "duration_s": time.monotonic() - started,
+        "machine": {"before": machine_before, "after": machine_info()},
+        "summary": summary,
+        "targets": targets(summary),
+        "runs": runs,
+    }
+
+
+def summarize(runs: list[dict[str, Any]], configs: tuple[BenchConfig, ...], modes: list[str]) -> list[dict[str, Any]]:
+    """Per configuration and mode: the run with the median throughput, and ratios to the baselines."""
+    rows = []
+    for config in configs:
+        by_mode: dict[str, dict[str, Any]] = {}
+        for mode in modes:
+            ok = [r for r in runs if r["config"] == config.to_json() and r["mode"] == mode and "error" not in r]
+            if not ok:
+                continue
+            ok.sort(key=lambda r: r["agent_steps_per_s"])
+            median = dict(ok[(len(ok) - 1) // 2])
+            median["repeats"] = len(ok)
+            median["agent_steps_per_s_all"] = [r["agent_steps_per_s"] for r in ok]
+            by_mode[mode] = median
+        for mode, row in by_mode.items():
+            out = {k: v for k, v in row.items() if k not in ("runs",)}
+            for base in ("godot_rl", "raw"):
+                if base in by_mode and base != mode:
+                    out[f"x_{base}"] = row["agent_steps_per_s"] / by_mode[base]["agent_steps_per_s"]
+            rows.append(out)
+    return rows
+
+
+def _find(summary: list[dict[str, Any]], config: BenchConfig, mode: str) -> dict[str, Any] | None:
+    return next((r for r in summary if r["config"] == config.to_json() and r["mode"] == mode), None)
+
+
+TARGETS = (
+    (ANCHOR, "broker_tcp", "godot_rl", 20.0),
+    (ANCHOR, "broker_tcp", "raw", 0.5),
+    (ANCHOR, "inprocess", "raw", 0.8),
+    (ONE_AGENT, "broker_tcp", "godot_rl", 0.7),
+    (ONE_AGENT, "inprocess", "godot_rl", 1.0),
+)
+
+
+def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for config, mode, base, goal in TARGETS:
+        row = _find(summary, config, mode)
+        ratio = row.get(f"x_{base}") if row else None
+        out.append(
+            {
+                "config": config.label,
+                "mode": mode,
+                "against": base,
+                "goal": goal,
+                "ratio": ratio,
+                "met": None if ratio is None else ratio >= goal,
+            }
+        )
+    return out
+
+
+def machine_info() -> dict[str, Any]:
+    import msgpack
+
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "loadavg": os.getloadavg(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "msgpack": ".".join(map(str, msgpack.version)),
+        "platform": platform.platform(),
+    }
+    with contextlib.suppress(Exception):
+        from importlib.metadata import version
+
+        info["godot_rl"] = version("godot_rl")
+    return info
+
+
+def _per_kb(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return None if value is None else value / 1024
+
+
+COLUMNS: tuple[tuple[str, Any, str], ...] = (
+    ("agent-steps/s", lambda r: r["agent_steps_per_s"], "{:,.0f}"),
+    ("x godot_rl", lambda r: r.get("x_godot_rl"), "{:.2f}"),
+    ("x raw", lambda r: r.get("x_raw"), "{:.2f}"),
+    ("mean ms", lambda r: r["latency_mean_ms"], "{:.3f}"),
+    ("p99 ms", lambda r: r["latency_p99_ms"], "{:.3f}"),
+    ("CPU us/step", lambda r: r["cpu_us_per_step_total"], "{:,.0f}"),
+    ("broker CPU", lambda r: r["broker_cpu_cores"], "{:.2f}"),
+    ("broker share", lambda r: r["broker_cpu_share"], "{:.2f}"),
+    ("broker RSS MB", lambda r: r["broker_peak_rss_mb"], "{:.1f}"),
+    ("KB/conn", lambda r: r["broker_rss_per_connection_kb"], "{:,.0f}"),
+    ("game KB/step", lambda r: _per_kb(r, "game_bytes_per_step"), "{:,.1f}"),
+    ("MB/s", lambda r: r.get("wire_mb_per_s"), "{:,.1f}"),
+)
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    cells = [row["config"]["label"], row["mode"]]
+    for _, get, spec in COLUMNS:
+        value = get(row)
+        cells.append("-" if value is None else spec.format(value))
+    return cells
+
+
+def _target_lines(result: dict[str, Any]) -> list[str]:
+    lines = []
+    for t in result["targets"]:
+        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        what = f"{t['config']:<34} {t['mode']:<12} vs {t['against']:<9}"
+        lines.append(f"{what} {ratio:>8} (goal {t['goal']}x): {verdict}")
+    return lines
+
+
+def format_table(result: dict[str, Any]) -> str:
+    header = ["configuration", "mode", *(name for name, _, _ in COLUMNS)]
+    rows = [_cells(row) for row in result["summary"]]
+    widths = [max(len(line[i]) for line in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        left = [cells[i].ljust(widths[i]) for i in range(2)]
+        return " ".join(left + [cells[i].rjust(widths[i]) for i in range(2, len(cells))])
+
+    lines = [line(header), "-" * (sum(widths) + len(widths) - 1)]
+    for i, cells in enumerate(rows):
+        if i and cells[0] != rows[i - 1][0]:
+            lines.append("")
+        lines.append(line(cells))
+    lines += ["", "targets:", *("  " + t for t in _target_lines(result))]
+    failed = [r for r in result["runs"] if "error" in r]
+    if failed:
+        lines.append(
+            f"{len(failed)} run(s) failed: " + "; ".join(f"{r['config']['label']} {r['mode']}" for r in failed)
+        )
+    return "\n".join(lines)
+
+
+def format_markdown(result: dict[str, Any]) -> str:
+    """The summary as a Markdown table (for docs/performance.md), then the targets."""
+    header = ["configuration", "mode", *(name for name, _, _ in COLUMNS)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in result["summary"]]
+    lines += ["", "```", *_target_lines(result), "```"]
+    return "\n".join(lines)
+
+
+def _parse_config(text: str) -> BenchConfig:
+    parts = text.split(",")
+    if len(parts) != 4:
+        raise ValueError(f"--config wants AGENTS,OBS,POLICIES,GAMES, got {text!r}")
+    return BenchConfig(int(parts[0]), parts[1], int(parts[2]), int(parts[3]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument("--out", default=None, help="write the results here as JSON")
+    parser.add_argument("--markdown", default=None, help="also write the table here as Markdown")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for one run")
+    parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="AGENTS,OBS,POLICIES,GAMES",
+        help="measure this configuration instead of the preset's (repeatable), e.g. 400,vec64,2,1",
+    )
+    parser.add_argument("--repeats", type=int, default=None, help="measure every configuration this many times")
+    parser.add_argument("--measure", type=float, default=None, help="seconds in each measured window")
+    parser.add_argument(
+        "--malloc-tuning", action="store_true", help="run every process with the glibc malloc settings of proposal P7"
+    )
+    args = parser.parse_args(argv)
+    if args.malloc_tuning:
+        _extra_env.update(MALLOC_TUNING)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")
+    preset = PRESETS[args.preset]
+    try:
+        configs = tuple(_parse_config(text) for text in args.config) or preset.configs
+    except ValueError as exc:
+        parser.error(str(exc))
+    repeats = {c: args.repeats for c in configs} if args.repeats else {c: preset.repeats.get(c, 1) for c in configs}
+    preset = Preset(configs, preset.warmup_s, args.measure or preset.measure_s, repeats)
+    print(f"preset {args.preset}: {len(configs)} configurations x {len(modes)} modes", flush=True)
+    result = run_preset(args.preset, preset, modes, args.timeout, sys.stdout)
+    print()
+    print(format_table(result))
+    print(f"\n{result['duration_s']:.0f} s in all")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(format_markdown(result) + "\n")
+    return 1 if any("error" in r for r in result["runs"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -194,7 +194,7 @@ class PeerSocket:
                     raise BrokerError("closed", message.reason or "the broker closed the connection")
                 return message
             try:
-                data = self.sock.recv(1 << 20)
+                data = self.sock.recv(1 << 16)
             except TimeoutError as exc:
                 raise BrokerError("timeout", f"no message from the broker at {self.address}") from exc
             except OSError as exc:

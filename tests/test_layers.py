@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FORBIDDEN = {"asyncio", "socket", "selectors", "uvloop", "threading", "subprocess", "broker.server", "clients"}
+FORBIDDEN = {"asyncio", "socket", "selectors", "uvloop", "subprocess", "broker.server", "clients"}
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -507,7 +507,6 @@ class Hub:
         policy.round = {}
         policy.metrics.record_batch(data, now - trainer.wants_since, now)
         trainer.wants_batch = False
-        trainer.last_waiting = None
         trainer.link.send(batch)
 
     def trainer_reset(self, trainer: TrainerSession) -> None:

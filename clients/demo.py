@@ -226,24 +226,31 @@ def measure_random(broker: Any, policies: tuple[str, ...], ticks: int, seed: int
     """
     envs = {p: broker.vec_env(p, name=f"random[{p}]") for p in policies}
     try:
-        returns = {p: np.zeros(env.num_envs) for p, env in envs.items()}
-        finished: dict[str, list[float]] = {p: [] for p in policies}
-        for i, env in enumerate(envs.values()):
-            env.action_space.seed(seed + i)
-            env.reset()
-        for _ in range(ticks):
-            for env in envs.values():
-                env.step_async(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
-            for p, env in envs.items():
-                _obs, reward, done, _infos = env.step_wait()
-                returns[p] += reward
-                for row in np.flatnonzero(done):
-                    finished[p].append(float(returns[p][row]))
-                    returns[p][row] = 0.0
+        finished = random_episode_returns(envs, ticks, seed)
     finally:
         for env in envs.values():
             env.close()
     return {p: (float(np.mean(r)) if r else None) for p, r in finished.items()}
+
+
+def random_episode_returns(envs: dict[str, Any], ticks: int, seed: int = 0) -> dict[str, list[float]]:
+    """Step every VecEnv together with uniformly random actions for ``ticks``; the returns of the episodes
+    that ended, per policy."""
+    returns = {p: np.zeros(env.num_envs) for p, env in envs.items()}
+    finished: dict[str, list[float]] = {p: [] for p in envs}
+    for i, env in enumerate(envs.values()):
+        env.action_space.seed(seed + i)
+        env.reset()
+    for _ in range(ticks):
+        for env in envs.values():
+            env.step_async(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
+        for p, env in envs.items():
+            _obs, reward, done, _infos = env.step_wait()
+            returns[p] += reward
+            ended = np.flatnonzero(done)
+            finished[p].extend(returns[p][ended].tolist())
+            returns[p][ended] = 0.0
+    return finished
 
 
 # --- results ------------------------------------------------------------------------------------

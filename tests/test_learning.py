@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clients.demo import random_episode_returns
 from clients.sim_game import MOVER, PICKER
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import python_env
@@ -32,21 +33,8 @@ def random_policy_rewards(address: str, ticks: int) -> dict[str, float]:
     """Mean return of the episodes that end within ``ticks`` ticks of uniformly random actions. Both policies
     are stepped together, so this works with barrier stepping (lock-step) too."""
     envs = {policy: BrokerVecEnv(policy, address, name=f"random[{policy}]") for policy in (MOVER, PICKER)}
-    returns = {policy: np.zeros(env.num_envs) for policy, env in envs.items()}
-    finished: dict[str, list[float]] = {policy: [] for policy in envs}
     try:
-        for i, env in enumerate(envs.values()):
-            env.action_space.seed(i)
-            env.reset()
-        for _ in range(ticks):
-            for env in envs.values():
-                env.step_async(np.stack([env.action_space.sample() for _ in range(env.num_envs)]))
-            for policy, env in envs.items():
-                _obs, reward, done, _infos = env.step_wait()
-                returns[policy] += reward
-                for row in np.flatnonzero(done):
-                    finished[policy].append(float(returns[policy][row]))
-                    returns[policy][row] = 0.0
+        finished = random_episode_returns(envs, ticks)
     finally:
         for env in envs.values():
             env.close()

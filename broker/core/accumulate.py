@@ -24,17 +24,17 @@ class SlotAccumulator:
         self.reward = np.array(first.reward, dtype=np.float32, copy=True)
         self.terminated = np.array(first.terminated, dtype=np.bool_, copy=True)
         self.truncated = np.array(first.truncated & ~first.terminated, dtype=np.bool_, copy=True)
-        self.closed = self.terminated | self.truncated
         self.frames = np.ones(n, np.int32)
         self.infos: dict[int, dict[str, Any]] = {row: dict(info) for row, info in first.infos.items()}
-        self.final_obs: dict[str, np.ndarray] | None = None
-        self.has_final = np.zeros(n, np.bool_)
+        # Final observations stay sparse: (rows, obs of those rows) per tick that ended episodes.
+        self._finals: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
         self._store_finals(first, self.closed)
         self.last_tick = -1  # the game tick merged last (set by the hub)
 
     @property
-    def ticks(self) -> int:
-        return int(self.frames.max(initial=0))
+    def closed(self) -> np.ndarray:
+        """Rows whose transition has ended with their episode."""
+        return self.terminated | self.truncated
 
     def merge(self, step: StepData) -> None:
         open_rows = ~self.closed
@@ -43,8 +43,7 @@ class SlotAccumulator:
         ended = open_rows & (step.terminated | step.truncated)
         if ended.any():
             self.terminated |= ended & step.terminated
-            self.truncated |= ended & step.truncated & ~step.terminated
-            self.closed |= ended
+            self.truncated |= ended & ~step.terminated
             self._store_finals(step, ended)
         self.obs = step.obs
         for row, info in step.infos.items():
@@ -54,26 +53,29 @@ class SlotAccumulator:
         """Keep the final observation of the ``rows`` whose episode ended in ``step``."""
         if not rows.any():
             return
-        if self.final_obs is None:
-            self.final_obs = {k: np.zeros_like(v) for k, v in step.obs.items()}
         given = np.zeros(len(rows), np.bool_)
         if step.final_index is not None and step.final_obs is not None and len(step.final_index):
             wanted = rows[step.final_index]
-            for key, values in step.final_obs.items():
-                self.final_obs[key][step.final_index[wanted]] = values[wanted]
+            if wanted.all():  # the usual case: the game's own sparse rows, kept as they are
+                self._finals.append((step.final_index, step.final_obs))
+            elif wanted.any():
+                self._finals.append((step.final_index[wanted], {k: v[wanted] for k, v in step.final_obs.items()}))
             given[step.final_index[wanted]] = True
         # A game that sends no final observation: the episode's last reported one stands in (godot_rl's way).
-        missing = rows & ~given
-        if missing.any():
-            for key, values in step.obs.items():
-                self.final_obs[key][missing] = values[missing]
-        self.has_final |= rows
+        missing = np.flatnonzero(rows & ~given).astype(np.int32)
+        if len(missing):
+            self._finals.append((missing, {k: v[missing] for k, v in step.obs.items()}))
 
     def step_data(self, with_frames: bool) -> StepData:
         final_index = final_obs = None
-        if self.final_obs is not None and self.has_final.any():
-            final_index = np.flatnonzero(self.has_final).astype(np.int32)
-            final_obs = {k: v[final_index] for k, v in self.final_obs.items()}
+        if len(self._finals) == 1:
+            final_index, final_obs = self._finals[0]
+        elif self._finals:
+            index = np.concatenate([rows for rows, _ in self._finals])
+            order = np.argsort(index, kind="stable")
+            final_index = index[order].astype(np.int32)
+            keys = self._finals[0][1]
+            final_obs = {k: np.concatenate([obs[k] for _, obs in self._finals])[order] for k in keys}
         return StepData(
             self.obs,
             self.reward,

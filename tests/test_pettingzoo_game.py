@@ -72,7 +72,7 @@ class Skirmish(ParallelEnv):
         index = int(agent.split("_")[1])
         if agent.startswith("scout"):
             return np.array([index, self.t, self.episode], np.float32)
-        return np.array([self.t, index, self.episode % 8], np.int64)
+        return np.array([self.t % 16, index, self.episode % 8], np.int64)  # within MultiDiscrete([16, 2, 8])
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[dict, dict]:
         self.agents = list(self.possible_agents)
@@ -145,7 +145,7 @@ def scout_row(index: int, t: int, episode: int) -> list[float]:
 
 
 def tank_row(index: int, t: int, episode: int) -> list[int]:
-    return [t, index, episode]
+    return [t % 16, index, episode % 8]
 
 
 ZERO_SCOUT = [0.0, 0.0, 0.0]

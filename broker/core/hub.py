@@ -192,6 +192,14 @@ class Hub:
     def add_game(self, link: Link, hello: Hello) -> GameSession:
         """Seat a game, or raise RemoteProtocolError naming what is wrong (nothing else changes)."""
         name = hello.name or link.label
+        # Spaces first: a game that disagrees with the others is told so, whether or not a slot is free.
+        for group in hello.groups:
+            known = self.policies.get(group.policy)
+            if known is not None and known.spaces != group.spaces:
+                difference = known.spaces.describe_difference(group.spaces)
+                raise RemoteProtocolError(
+                    ErrorCode.SPACE_MISMATCH, f"game '{name}', group '{group.policy}': {difference}"
+                )
         free = [s for s in self.slots if s.game is None]
         if not free:
             raise RemoteProtocolError(
@@ -207,13 +215,6 @@ class Hub:
                 ErrorCode.SPACE_MISMATCH,
                 f"game '{name}' announces groups {layout}, but the free slots expect {[s.layout for s in free]}",
             )
-        for group in hello.groups:
-            known = self.policies.get(group.policy)
-            if known is not None and known.spaces != group.spaces:
-                difference = known.spaces.describe_difference(group.spaces)
-                raise RemoteProtocolError(
-                    ErrorCode.SPACE_MISMATCH, f"game '{name}', group '{group.policy}': {difference}"
-                )
         game = GameSession(link, self._peer_id(), hello.name, slot.index, {g.policy: g for g in hello.groups})
         for group in hello.groups:
             if group.policy not in self.policies:

@@ -7,10 +7,17 @@ Two simulated games, two policies, two trainer processes:
 
 For each stepping mode the same setup runs for the same wall time; the table compares game ticks/s and
 each policy's samples/s. ``--learning`` instead trains both policies for the same number of their own
-steps in each mode and compares the mean episode reward they reach.
+steps in each mode, per seed, and compares
+
+* the training return: mean return of the last 200 training episodes. In hold mode these include the ticks
+  that ran on held actions while a trainer updated (decisions the policy did not make), so it is not a fair
+  measure of what was learned;
+* the evaluation return: every trained model afterwards in one common setting, strict ``barrier`` stepping
+  (no holds), deterministic actions, fresh games with fixed evaluation seeds (not the training seeds), both
+  policies of a mode in the same games, ``EVAL_EPISODES_PER_AGENT`` whole episodes per agent.
 
     python -m benchmarks.hold_vs_strict --seconds 40
-    python -m benchmarks.hold_vs_strict --learning --timesteps 40000
+    python -m benchmarks.hold_vs_strict --learning --seeds 5 --out hold_learning.json
 """
 
 from __future__ import annotations
@@ -20,14 +27,27 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
 SLOW = {"policy": "mover", "n_steps": 512, "n_epochs": 10, "batch_size": 256}
 FAST = {"policy": "picker", "n_steps": 16, "n_epochs": 1, "batch_size": 64}
+POLICIES = (SLOW["policy"], FAST["policy"])
+
+# Evaluation: game seeds the training never uses (training games are seeded 100 * seed + game index).
+EVAL_GAME_SEEDS = (10_000, 10_001)
+EVAL_EPISODES_PER_AGENT = 16  # 2 games x 8 agents per group: 256 episodes per policy and model
+FRAMES_HISTOGRAM = 64  # frames per transition counted exactly up to this, the rest in the last bin
+
+Actor = Callable[[dict[str, np.ndarray]], np.ndarray]  # observations of every env -> actions of every env
 
 
 def trainer_main(argv: list[str]) -> None:
@@ -41,9 +61,9 @@ def trainer_main(argv: list[str]) -> None:
     parser.add_argument("--seconds", type=float, default=0.0)
     parser.add_argument("--timesteps", type=int, default=10**9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save", default=None, help="save the trained model here (.zip)")
     args = parser.parse_args(argv)
 
-    import numpy as np
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -55,15 +75,32 @@ def trainer_main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     env = BrokerVecEnv(args.policy, args.address, stepping=StepOptions(args.mode), name=f"bench-{args.policy}")
     returns: list[float] = []
-    frames: list[int] = []
+    histogram = np.zeros(FRAMES_HISTOGRAM + 1, np.int64)  # transitions by game ticks spanned
+    after_update = HoldDiagnostics()
     started = time.monotonic()
 
     class Budget(BaseCallback):
+        rollout_ended: float | None = None
+        first_of_rollout = False
+
+        def _on_rollout_start(self) -> None:
+            self.first_of_rollout = self.rollout_ended is not None  # the first step after an update
+            self.update_started = self.rollout_ended
+
+        def _on_rollout_end(self) -> None:
+            self.rollout_ended = time.monotonic()
+
         def _on_step(self) -> bool:
-            for info in self.locals["infos"]:
+            infos = self.locals["infos"]
+            for info in infos:
                 if "episode" in info:
                     returns.append(float(info["episode"]["r"]))
-                frames.append(int(info.get("frames", 1)))
+            frames = np.array([info.get("frames", 1) for info in infos], np.int64)
+            histogram[:] += np.bincount(np.minimum(frames, FRAMES_HISTOGRAM), minlength=FRAMES_HISTOGRAM + 1)
+            if self.first_of_rollout:
+                assert self.update_started is not None
+                after_update.add(frames, self.locals["dones"], self.locals["rewards"], infos, self.update_started)
+                self.first_of_rollout = False
             return not args.seconds or time.monotonic() - started < args.seconds
 
     model = PPO(
@@ -77,6 +114,9 @@ def trainer_main(argv: list[str]) -> None:
     )
     model.learn(total_timesteps=args.timesteps, callback=Budget())
     elapsed = time.monotonic() - started
+    if args.save:
+        model.save(args.save)
+    transitions = int(histogram.sum())
     report = {
         "policy": args.policy,
         "mode": args.mode,
@@ -85,16 +125,181 @@ def trainer_main(argv: list[str]) -> None:
         "samples_per_s": model.num_timesteps / elapsed,
         "episodes": len(returns),
         "reward_end": float(np.mean(returns[-200:])) if returns else None,
-        "mean_frames": float(np.mean(frames)) if frames else 1.0,
-        "max_frames": max(frames, default=1),
+        "mean_frames": float(histogram @ np.arange(FRAMES_HISTOGRAM + 1) / max(transitions, 1)),
+        "max_frames": int(np.flatnonzero(histogram).max(initial=1)),
+        "frames_histogram": {str(f): int(n) for f, n in enumerate(histogram) if n},
+        "after_update": after_update.summary(),
     }
     Path(args.report).write_text(json.dumps(report))
     env.close()
 
 
+class HoldDiagnostics:
+    """What the first transition of each rollout (the one whose action was chosen before a PPO update and
+    applied after it) looked like: how long the update took, how many game ticks it spanned, how many
+    agents' episodes ended meanwhile (their action was then not applied), and its reward."""
+
+    def __init__(self) -> None:
+        self.update_seconds: list[float] = []
+        self.held_ticks: list[int] = []  # per update: ticks of the longest open transition, minus the applied one
+        self.ended_fraction: list[float] = []
+        self.not_applied_fraction: list[float] = []
+        self.reward_open: list[float] = []  # mean reward of the rows whose episode went on
+        self.reward_ended: list[float] = []  # mean reward of the rows whose episode ended during the hold
+
+    def add(
+        self,
+        frames: np.ndarray,
+        dones: np.ndarray,
+        rewards: np.ndarray,
+        infos: list[dict[str, Any]],
+        update_started: float,
+    ) -> None:
+        self.update_seconds.append(time.monotonic() - update_started)
+        dones = np.asarray(dones, np.bool_)
+        open_rows = ~dones
+        self.held_ticks.append(int(frames[open_rows].max()) - 1 if open_rows.any() else -1)
+        self.ended_fraction.append(float(dones.mean()))
+        self.not_applied_fraction.append(float(np.mean([info.get("action_applied") is False for info in infos])))
+        if open_rows.any():
+            self.reward_open.append(float(np.mean(rewards[open_rows])))
+        if dones.any():
+            self.reward_ended.append(float(np.mean(rewards[dones])))
+
+    def summary(self) -> dict[str, Any]:
+        def mean(values: list[float] | list[int]) -> float | None:
+            return float(np.mean(values)) if values else None
+
+        return {
+            "updates": len(self.update_seconds),
+            "update_seconds_mean": mean(self.update_seconds),
+            "held_ticks": self.held_ticks,
+            "held_ticks_mean": mean([t for t in self.held_ticks if t >= 0]),
+            "ended_during_hold_fraction": mean(self.ended_fraction),
+            "action_not_applied_fraction": mean(self.not_applied_fraction),
+            "reward_open_rows": mean(self.reward_open),
+            "reward_ended_rows": mean(self.reward_ended),
+        }
+
+
+# --- evaluation -----------------------------------------------------------------------------------
+
+
+def evaluate_policies(
+    envs: dict[str, Any], actors: dict[str, Actor], episodes_per_agent: int, max_ticks: int = 100_000
+) -> dict[str, dict[str, Any]]:
+    """Step every policy's VecEnv together (so barrier stepping works), each with its actor, until every
+    agent has finished ``episodes_per_agent`` episodes. Only each agent's first that many episodes count:
+    counting every episode that ends within some number of ticks would over-represent short episodes.
+
+    Per policy: episodes, mean and sd of their returns, standard error of the mean, mean length in ticks,
+    the fraction that ended terminated (goal reached), game ticks stepped, and held transitions seen
+    (transitions that spanned more than one tick; 0 when the broker steps strictly).
+    """
+    returns = {p: np.zeros(env.num_envs) for p, env in envs.items()}
+    lengths = {p: np.zeros(env.num_envs, np.int64) for p, env in envs.items()}
+    counted = {p: np.zeros(env.num_envs, np.int64) for p, env in envs.items()}
+    episodes: dict[str, list[tuple[float, int, bool]]] = {p: [] for p in envs}
+    held = dict.fromkeys(envs, 0)
+    obs = {p: env.reset() for p, env in envs.items()}
+    ticks = 0
+    while any((counted[p] < episodes_per_agent).any() for p in envs):
+        if ticks >= max_ticks:
+            raise RuntimeError(f"evaluation: {max_ticks} ticks and still {counted} episodes per agent")
+        for p, env in envs.items():
+            env.step_async(actors[p](obs[p]))
+        for p, env in envs.items():
+            obs[p], reward, done, infos = env.step_wait()
+            held[p] += sum(1 for info in infos if info.get("frames", 1) > 1)
+            returns[p] += reward
+            lengths[p] += 1
+            for row in np.flatnonzero(done).tolist():
+                if counted[p][row] < episodes_per_agent:
+                    goal = not infos[row].get("TimeLimit.truncated", False)
+                    episodes[p].append((float(returns[p][row]), int(lengths[p][row]), goal))
+                    counted[p][row] += 1
+                returns[p][row] = 0.0
+                lengths[p][row] = 0
+        ticks += 1
+    result = {}
+    for p, finished in episodes.items():
+        values = np.array([r for r, _, _ in finished])
+        result[p] = {
+            "episodes": len(finished),
+            "return_mean": float(values.mean()),
+            "return_sd": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            "return_sem": float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else 0.0,
+            "length_mean": float(np.mean([n for _, n, _ in finished])),
+            "goal_fraction": float(np.mean([g for _, _, g in finished])),
+            "ticks": ticks,
+            "held_transitions": held[p],
+        }
+    return result
+
+
+@contextmanager
+def evaluation_envs(agents: int, game_seeds: tuple[int, ...] = EVAL_GAME_SEEDS) -> Iterator[dict[str, Any]]:
+    """The common evaluation setting: an in-process broker with strict ``barrier`` stepping, one fresh
+    simulated game per seed (a thread each, on the broker's port) with ``agents`` agents per group, and one
+    barrier VecEnv per policy. The games wait at tick 0 until both policies' envs are attached, so every
+    agent's first episode is decided by the evaluated policy from its first tick."""
+    from broker.protocol.messages import StepOptions
+    from clients.inprocess import InProcessBroker
+    from clients.sim_game import run_sim_game
+
+    envs: dict[str, Any] = {}
+    with InProcessBroker(expected_games=len(game_seeds), stepping="barrier", status_interval=0) as broker:
+        games = [
+            threading.Thread(
+                target=run_sim_game,
+                args=(broker.address, agents, agents, seed, f"eval-{i}"),
+                name=f"eval-game-{i}",
+                daemon=True,
+            )
+            for i, seed in enumerate(game_seeds)
+        ]
+        for game in games:
+            game.start()
+        try:
+            deadline = time.monotonic() + 30
+            while broker.call(broker.server.hub.games_connected) < len(game_seeds):
+                if time.monotonic() > deadline or not all(game.is_alive() for game in games):
+                    raise RuntimeError("evaluation games did not join the broker")
+                time.sleep(0.02)
+            for policy in POLICIES:
+                envs[policy] = broker.vec_env(policy, name=f"eval[{policy}]", stepping=StepOptions("barrier"))
+            yield envs
+        finally:
+            for env in envs.values():
+                env.close()
+    for game in games:  # the broker closed: the games end
+        game.join(timeout=15)
+
+
+def model_actor(path: Path) -> Actor:
+    """A saved SB3 PPO model acting deterministically (the mean action, clipped to the action space)."""
+    from stable_baselines3 import PPO
+
+    model = PPO.load(path, device="cpu")
+
+    def act(obs: dict[str, np.ndarray]) -> np.ndarray:
+        actions, _ = model.predict(obs, deterministic=True)
+        return actions
+
+    return act
+
+
+def evaluate_models(models: dict[str, Path], agents: int, episodes_per_agent: int) -> dict[str, dict[str, Any]]:
+    """Evaluate the saved models of one mode (one per policy) together, in the common evaluation setting."""
+    actors = {policy: model_actor(path) for policy, path in models.items()}
+    with evaluation_envs(agents) as envs:
+        return evaluate_policies(envs, actors, episodes_per_agent)
+
+
 def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: int, seed: int = 0) -> dict[str, Any]:
     """Throughput (``seconds`` > 0): rates read from the broker's status over a window while both trainers run.
-    Learning (``timesteps``): both trainers run to the same number of their own steps."""
+    Learning (``timesteps``): both trainers run to the same number of their own steps and save their models
+    as ``workdir/{mode}-{policy}.zip``."""
     from tests.helpers import broker_process, python_env  # the same subprocess broker the tests use
 
     env = python_env()
@@ -146,6 +351,8 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
                     str(spec["batch_size"]),
                     "--timesteps",
                     str(timesteps),
+                    "--save",
+                    str(workdir / f"{mode}-{spec['policy']}.zip"),
                 ],
                 env=env,
                 **quiet,

@@ -15,6 +15,7 @@ from broker.protocol.codec import BodyKind
 from broker.protocol.connection import PeerConnection
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
+from broker.tuning import tune_allocator
 from clients.errors import BrokerError
 
 DEFAULT_PORT = 11008
@@ -93,6 +94,7 @@ class PeerSocket:
         self.codec = codec
         self.timeout_recv = timeout_recv
         self.closed_by_broker = False  # the broker said goodbye (close or error frame), as on its shutdown
+        tune_allocator()
         self._open(timeout_connect, timeout_recv)
 
     def _open(self, timeout_connect: float, timeout_handshake: float | None) -> None:

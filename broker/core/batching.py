@@ -21,7 +21,24 @@ def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
 
 
 def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
-    """Stack the slots' rows into one batch: one copy per key, no per-agent work."""
+    """Stack the slots' rows into one batch: one copy per key, no per-agent work.
+
+    A single slot is handed on as it is: its arrays are the accumulator's own (dropped after the batch) or
+    the game's read-only wire views, so nothing aliases and copying them would only cost time.
+    """
+    if len(parts) == 1 and offsets[0] == 0:
+        only = parts[0]
+        frames = None if only.frames is None else only.frames.astype(np.int32, copy=False)
+        return StepData(
+            {key: only.obs[key] for key, _ in spaces.observation},
+            only.reward,
+            only.terminated,
+            only.truncated,
+            only.final_index,
+            only.final_obs,
+            dict(only.infos),
+            frames,
+        )
     obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
     reward = np.concatenate([p.reward for p in parts])
     terminated = np.concatenate([p.terminated for p in parts])

@@ -20,7 +20,7 @@ from enum import Enum
 from typing import Any, Final
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_body, pack_json, unpack_json
+from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame, pack_json, unpack_json
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.messages import (
@@ -119,7 +119,7 @@ class BrokerConnection:
             raise
 
     def _next_event(self) -> Message | LegacyMessage | None:
-        body = self._decoder.next_frame()
+        body = self._decoder.next_frame_view()
         if body is None:
             return None
         kind = body_kind(body)
@@ -151,7 +151,7 @@ class BrokerConnection:
     def send(self, message: Message) -> bytes:
         if self.state is State.LEGACY:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
-        return encode_frame(encode_body(self.codec, message.to_wire()))
+        return encode_message_frame(self.codec, message.to_wire())
 
     def send_legacy(self, body: dict[str, Any]) -> bytes:
         return encode_frame(pack_json(body))
@@ -179,7 +179,7 @@ class PeerConnection:
 
     def next_event(self) -> Message | None:
         while True:
-            body = self._decoder.next_frame()
+            body = self._decoder.next_frame_view()
             if body is None:
                 return None
             if self.state is State.AWAIT_GREETING:
@@ -205,7 +205,7 @@ class PeerConnection:
                 self.state = State.CLOSED
             return message
 
-    def _check_greeting(self, body: bytes) -> None:
+    def _check_greeting(self, body: bytes | memoryview) -> None:
         greeting = unpack_json(body) if body_kind(body) is BodyKind.JSON else {}
         if self._greeting_frames == 0:
             if greeting.get("type") != "handshake" or "broker_protocol" not in greeting:
@@ -225,4 +225,4 @@ class PeerConnection:
             self.state = State.AWAIT_WELCOME
 
     def send(self, message: Message) -> bytes:
-        return encode_frame(encode_body(self.codec, message.to_wire()))
+        return encode_message_frame(self.codec, message.to_wire())

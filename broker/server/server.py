@@ -35,6 +35,7 @@ from broker.protocol.messages import (
     Welcome,
 )
 from broker.server.config import ServerConfig
+from broker.tuning import tune_allocator
 
 log = structlog.get_logger("gdrl.server")
 
@@ -221,6 +222,7 @@ class BrokerServer:
         return self.config.port
 
     async def start(self) -> None:
+        tune_allocator()
         loop = asyncio.get_running_loop()
         tcp = await loop.create_server(
             lambda: PeerProtocol(self), self.config.host, self.config.port, reuse_address=True, backlog=256

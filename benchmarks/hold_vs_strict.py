@@ -38,13 +38,13 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SLOW = {"policy": "mover", "n_steps": 512, "n_epochs": 10, "batch_size": 256}
-FAST = {"policy": "picker", "n_steps": 16, "n_epochs": 1, "batch_size": 64}
+SLOW: dict[str, Any] = {"policy": "mover", "n_steps": 512, "n_epochs": 10, "batch_size": 256}
+FAST: dict[str, Any] = {"policy": "picker", "n_steps": 16, "n_epochs": 1, "batch_size": 64}
 POLICIES = (SLOW["policy"], FAST["policy"])
 
 # Evaluation: game seeds the training never uses (training games are seeded 100 * seed + game index).
 EVAL_GAME_SEEDS = (10_000, 10_001)
-EVAL_EPISODES_PER_AGENT = 16  # 2 games x 8 agents per group: 256 episodes per policy and model
+EVAL_EPISODES_PER_AGENT = 128  # 2 games x 8 agents per group: 2048 episodes per policy and model
 FRAMES_HISTOGRAM = 64  # frames per transition counted exactly up to this, the rest in the last bin
 
 Actor = Callable[[dict[str, np.ndarray]], np.ndarray]  # observations of every env -> actions of every env
@@ -193,13 +193,15 @@ def evaluate_policies(
     counting every episode that ends within some number of ticks would over-represent short episodes.
 
     Per policy: episodes, mean and sd of their returns, standard error of the mean, mean length in ticks,
-    the fraction that ended terminated (goal reached), game ticks stepped, and held transitions seen
-    (transitions that spanned more than one tick; 0 when the broker steps strictly).
+    the fraction that ended terminated (goal reached), game ticks stepped, held transitions seen
+    (transitions that spanned more than one tick; 0 when the broker steps strictly), and the counted returns
+    ordered by env row, then episode (so two evaluations in the same games can be compared episode by episode).
     """
     returns = {p: np.zeros(env.num_envs) for p, env in envs.items()}
     lengths = {p: np.zeros(env.num_envs, np.int64) for p, env in envs.items()}
     counted = {p: np.zeros(env.num_envs, np.int64) for p, env in envs.items()}
     episodes: dict[str, list[tuple[float, int, bool]]] = {p: [] for p in envs}
+    by_agent = {p: np.zeros((env.num_envs, episodes_per_agent)) for p, env in envs.items()}
     held = dict.fromkeys(envs, 0)
     obs = {p: env.reset() for p, env in envs.items()}
     ticks = 0
@@ -217,6 +219,7 @@ def evaluate_policies(
                 if counted[p][row] < episodes_per_agent:
                     goal = not infos[row].get("TimeLimit.truncated", False)
                     episodes[p].append((float(returns[p][row]), int(lengths[p][row]), goal))
+                    by_agent[p][row, counted[p][row]] = returns[p][row]
                     counted[p][row] += 1
                 returns[p][row] = 0.0
                 lengths[p][row] = 0
@@ -233,39 +236,88 @@ def evaluate_policies(
             "goal_fraction": float(np.mean([g for _, _, g in finished])),
             "ticks": ticks,
             "held_transitions": held[p],
+            "returns": [round(float(r), 5) for r in by_agent[p].ravel()],  # agent by agent, episodes in order
         }
     return result
+
+
+def evaluation_game(n_movers: int, n_pickers: int, seed: int) -> Any:
+    """The simulated game with one change for evaluation: each agent draws its start states from its own random
+    stream, so agent i's k-th episode starts from the same state whichever policy is evaluated (the game's
+    shared stream would hand out start states in the order other agents' episodes happen to end). Same
+    dynamics, rewards and start-state distribution; every evaluated model meets the same episodes."""
+    from clients.sim_game import CORRIDOR, SimGame
+
+    class EvaluationSimGame(SimGame):
+        def __init__(self) -> None:
+            streams = np.random.SeedSequence(seed).spawn(n_movers + n_pickers)
+            self.mover_rngs = [np.random.default_rng(s) for s in streams[:n_movers]]
+            self.picker_rngs = [np.random.default_rng(s) for s in streams[n_movers:]]
+            super().__init__(n_movers, n_pickers, seed)
+
+        def _reset_movers(self, mask: np.ndarray) -> None:
+            for i in np.flatnonzero(mask).tolist():
+                rng = self.mover_rngs[i]
+                self.pos[i] = rng.uniform(-1, 1, 2)
+                self.target[i] = rng.uniform(-1, 1, 2)
+            self.mover_t[mask] = 0
+
+        def _reset_pickers(self, mask: np.ndarray) -> None:
+            for i in np.flatnonzero(mask).tolist():
+                rng = self.picker_rngs[i]
+                self.cell[i] = rng.integers(0, CORRIDOR + 1)
+                self.goal[i] = (self.cell[i] + rng.integers(1, CORRIDOR + 1)) % (CORRIDOR + 1)
+            self.picker_t[mask] = 0
+
+    return EvaluationSimGame()
+
+
+def play_evaluation_game(address: str, agents: int, seed: int, name: str) -> None:
+    """Play one evaluation game until the broker closes (run_sim_game's loop, with ``evaluation_game``)."""
+    from clients.errors import BrokerError
+    from clients.game import GameClient
+
+    game = evaluation_game(agents, agents, seed)
+    client = GameClient(address, game.group_specs(), name=name, timeout_reconnect=0)
+    data = game.first_step()
+    try:
+        while True:
+            data = game.apply(client.step(data))
+    except BrokerError as exc:
+        if exc.code not in ("closed", "connection_lost"):
+            raise
+    finally:
+        client.close()
 
 
 @contextmanager
 def evaluation_envs(agents: int, game_seeds: tuple[int, ...] = EVAL_GAME_SEEDS) -> Iterator[dict[str, Any]]:
     """The common evaluation setting: an in-process broker with strict ``barrier`` stepping, one fresh
-    simulated game per seed (a thread each, on the broker's port) with ``agents`` agents per group, and one
+    evaluation game per seed (a thread each, on the broker's port) with ``agents`` agents per group, and one
     barrier VecEnv per policy. The games wait at tick 0 until both policies' envs are attached, so every
     agent's first episode is decided by the evaluated policy from its first tick."""
     from broker.protocol.messages import StepOptions
     from clients.inprocess import InProcessBroker
-    from clients.sim_game import run_sim_game
 
     envs: dict[str, Any] = {}
     with InProcessBroker(expected_games=len(game_seeds), stepping="barrier", status_interval=0) as broker:
         games = [
             threading.Thread(
-                target=run_sim_game,
-                args=(broker.address, agents, agents, seed, f"eval-{i}"),
+                target=play_evaluation_game,
+                args=(broker.address, agents, seed, f"eval-{i}"),
                 name=f"eval-game-{i}",
                 daemon=True,
             )
             for i, seed in enumerate(game_seeds)
         ]
-        for game in games:
-            game.start()
         try:
-            deadline = time.monotonic() + 30
-            while broker.call(broker.server.hub.games_connected) < len(game_seeds):
-                if time.monotonic() > deadline or not all(game.is_alive() for game in games):
-                    raise RuntimeError("evaluation games did not join the broker")
-                time.sleep(0.02)
+            for joined, game in enumerate(games, start=1):  # one at a time: game i takes slot i, every run
+                game.start()
+                deadline = time.monotonic() + 30
+                while broker.call(broker.server.hub.games_connected) < joined:
+                    if time.monotonic() > deadline or not game.is_alive():
+                        raise RuntimeError(f"evaluation game {joined - 1} did not join the broker")
+                    time.sleep(0.01)
             for policy in POLICIES:
                 envs[policy] = broker.vec_env(policy, name=f"eval[{policy}]", stepping=StepOptions("barrier"))
             yield envs
@@ -273,7 +325,8 @@ def evaluation_envs(agents: int, game_seeds: tuple[int, ...] = EVAL_GAME_SEEDS) 
             for env in envs.values():
                 env.close()
     for game in games:  # the broker closed: the games end
-        game.join(timeout=15)
+        if game.ident is not None:
+            game.join(timeout=15)
 
 
 def model_actor(path: Path) -> Actor:
@@ -303,7 +356,7 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
     from tests.helpers import broker_process, python_env  # the same subprocess broker the tests use
 
     env = python_env()
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     with broker_process(workdir, "--games", "2", "--stepping", mode, "--status-interval", "0") as (_, address):
         games = [
             subprocess.Popen(
@@ -423,20 +476,28 @@ def main() -> None:
     parser.add_argument("--timesteps", type=int, default=40_960, help="own steps per policy (learning run)")
     parser.add_argument("--agents", type=int, default=8, help="agents per group per game")
     parser.add_argument("--seeds", type=int, default=3, help="learning run: seeds per mode")
+    parser.add_argument(
+        "--eval-episodes",
+        type=int,
+        default=EVAL_EPISODES_PER_AGENT,
+        help="learning run: evaluation episodes per agent (x 2 games x agents per policy)",
+    )
+    parser.add_argument("--workdir", default=None, help="learning run: keep models, reports and logs here")
+    parser.add_argument("--render", default=None, metavar="JSON", help="only render a learning run's saved JSON")
     parser.add_argument("--out", default="hold_vs_strict.json")
     args = parser.parse_args()
+    if args.render:
+        print(render_learning(json.loads(Path(args.render).read_text())))
+        return
     # Equal own steps: a multiple of both PPO rollouts (2 games x agents envs each), so neither trainer
     # finishes early and leaves the other waiting in barrier mode.
     rollout = SLOW["n_steps"] * 2 * args.agents
     learning_steps = -(-args.timesteps // rollout) * rollout
     seconds, timesteps = (0.0, learning_steps) if args.learning else (args.seconds, 10**9)
     if args.learning:
-        runs = []
         with tempfile.TemporaryDirectory() as tmp:
-            for seed in range(args.seeds):
-                runs.append([run_mode(m, 0.0, timesteps, Path(tmp), args.agents, seed) for m in ("barrier", "hold")])
-        Path(args.out).write_text(json.dumps(runs, indent=2))
-        print(render_learning(runs))
+            result = run_learning(args, timesteps, Path(args.workdir or tmp))
+        print(render_learning(result))
         return
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_mode(mode, seconds, timesteps, Path(tmp), args.agents) for mode in ("barrier", "hold")]
@@ -444,23 +505,88 @@ def main() -> None:
     print(render(results, learning=False))
 
 
-def render_learning(runs: list[list[dict[str, Any]]]) -> str:
-    import numpy as np
+def run_learning(args: argparse.Namespace, timesteps: int, workroot: Path) -> dict[str, Any]:
+    """Per seed: train in each mode, then evaluate every trained model in the common setting. The JSON is
+    rewritten after every seed, so an interrupted run keeps the seeds it finished."""
+    import torch
 
+    torch.set_num_threads(1)  # the evaluation's inference: the other core stays with the games and broker
+    result: dict[str, Any] = {
+        "timesteps": timesteps,
+        "agents": args.agents,
+        "games": 2,
+        "slow": SLOW,
+        "fast": FAST,
+        "evaluation": {
+            "stepping": "barrier",
+            "deterministic": True,
+            "game_seeds": list(EVAL_GAME_SEEDS),
+            "episodes_per_agent": args.eval_episodes,
+        },
+        "runs": [],
+    }
+    for seed in range(args.seeds):
+        workdir = workroot / f"seed-{seed}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        modes = [run_mode(mode, 0.0, timesteps, workdir, args.agents, seed) for mode in ("barrier", "hold")]
+        for run in modes:
+            models = {policy: workdir / f"{run['mode']}-{policy}.zip" for policy in POLICIES}
+            evaluation = evaluate_models(models, args.agents, args.eval_episodes)
+            for policy in POLICIES:
+                run[policy]["eval"] = evaluation[policy]
+        result["runs"].append(modes)
+        Path(args.out).write_text(json.dumps(result, indent=2))
+        summary = ", ".join(
+            f"{run['mode']} {p} train {run[p]['reward_end']:.3f} eval {run[p]['eval']['return_mean']:.3f}"
+            for run in modes
+            for p in POLICIES
+        )
+        print(f"seed {seed} ({time.monotonic() - started:.0f} s): {summary}", file=sys.stderr, flush=True)
+    return result
+
+
+def render_learning(result: dict[str, Any]) -> str:
+    runs = result["runs"]
+    n = len(runs)
+    episodes = result["evaluation"]["episodes_per_agent"] * result["games"] * result["agents"]
     lines = [
-        f"| policy | own steps | reward, strict (mean ± sd of {len(runs)} seeds) | reward, hold | "
-        "hold - strict per seed | mean frames (hold) |",
+        f"| policy | return | strict (mean ± sd, {n} seeds) | hold | hold - strict (mean ± se) | "
+        "hold - strict per seed |",
         "|---|---|---|---|---|---|",
     ]
-    for p in (SLOW["policy"], FAST["policy"]):
-        strict = np.array([run[0][p]["reward_end"] for run in runs])
-        hold = np.array([run[1][p]["reward_end"] for run in runs])
-        diffs = ", ".join(f"{d:+.3f}" for d in hold - strict)
-        frames = np.mean([run[1][p]["mean_frames"] for run in runs])
-        lines.append(
-            f"| {p} | {runs[0][1][p]['env_steps']} | {strict.mean():.3f} ± {strict.std():.3f} | "
-            f"{hold.mean():.3f} ± {hold.std():.3f} | {diffs} | {frames:.2f} |"
-        )
+    for p in POLICIES:
+        for label, value in (
+            ("training, last 200 episodes", lambda r: r["reward_end"]),
+            (f"evaluation, {episodes} episodes", lambda r: r["eval"]["return_mean"]),
+        ):
+            strict = np.array([value(run[0][p]) for run in runs])
+            hold = np.array([value(run[1][p]) for run in runs])
+            diffs = hold - strict
+            se = diffs.std(ddof=1) / np.sqrt(n) if n > 1 else 0.0
+            lines.append(
+                f"| {p} | {label} | {strict.mean():.3f} ± {strict.std(ddof=1) if n > 1 else 0:.3f} | "
+                f"{hold.mean():.3f} ± {hold.std(ddof=1) if n > 1 else 0:.3f} | {diffs.mean():+.3f} ± {se:.3f} | "
+                f"{', '.join(f'{d:+.3f}' for d in diffs)} |"
+            )
+    lines += [
+        "",
+        "| policy | mode | eval goal reached | eval episode ticks | eval sem (mean) | mean frames (training) | "
+        "held ticks per update | episodes ended in the hold |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in POLICIES:
+        for index, mode in enumerate(("strict", "hold")):
+            reports = [run[index][p] for run in runs]
+            held = [r["after_update"]["held_ticks_mean"] for r in reports if r["after_update"]["held_ticks_mean"]]
+            ended = [r["after_update"]["ended_during_hold_fraction"] or 0.0 for r in reports]
+            lines.append(
+                f"| {p} | {mode} | {np.mean([r['eval']['goal_fraction'] for r in reports]):.1%} | "
+                f"{np.mean([r['eval']['length_mean'] for r in reports]):.1f} | "
+                f"{np.mean([r['eval']['return_sem'] for r in reports]):.3f} | "
+                f"{np.mean([r['mean_frames'] for r in reports]):.3f} | "
+                f"{np.mean(held) if held else 0.0:.1f} | {np.mean(ended):.1%} |"
+            )
     return "\n".join(lines)
 
 

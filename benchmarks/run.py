@@ -49,6 +49,7 @@ from benchmarks.configs import (
     Preset,
 )
 from benchmarks.measure import ProcSample, interpolate, sample_process
+from broker.tuning import DEFAULT_MMAP_THRESHOLD, DEFAULT_TRIM_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
@@ -56,10 +57,15 @@ STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step
 BROKER_MODES = ("broker_tcp", "broker_unix", "inprocess")
 
 
-# Proposed change P7 (docs/performance.md): glibc keeps large freed blocks instead of mapping and unmapping
-# them for every message. ``--malloc-tuning`` measures its effect by setting it for every process.
-MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
-_extra_env: dict[str, str] = {}
+# The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of
+# mapped and unmapped for every message). Every process of every mode, godot_rl and the raw ceiling included,
+# runs with the same settings, so the comparison is like for like; ``--glibc-defaults`` turns them off for all.
+MALLOC_TUNING = {
+    "MALLOC_MMAP_THRESHOLD_": str(DEFAULT_MMAP_THRESHOLD),
+    "MALLOC_TRIM_THRESHOLD_": str(DEFAULT_TRIM_THRESHOLD),
+}
+GLIBC_DEFAULTS = {"GDRL_BROKER_MALLOC_TUNING": "0"}
+_extra_env: dict[str, str] = dict(MALLOC_TUNING)
 
 
 def python_env() -> dict[str, str]:
@@ -583,11 +589,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="measure every configuration this many times")
     parser.add_argument("--measure", type=float, default=None, help="seconds in each measured window")
     parser.add_argument(
-        "--malloc-tuning", action="store_true", help="run every process with the glibc malloc settings of proposal P7"
+        "--glibc-defaults",
+        action="store_true",
+        help="run every process with glibc's default allocator settings (no tuning, broker's included)",
     )
     args = parser.parse_args(argv)
-    if args.malloc_tuning:
-        _extra_env.update(MALLOC_TUNING)
+    if args.glibc_defaults:
+        _extra_env.clear()
+        _extra_env.update(GLIBC_DEFAULTS)
     modes = [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:

@@ -25,9 +25,7 @@ DEFAULT_TRIM_THRESHOLD = 256 << 20
 _tuned = False
 
 
-def tune_allocator(
-    mmap_threshold: int = DEFAULT_MMAP_THRESHOLD, trim_threshold: int = DEFAULT_TRIM_THRESHOLD
-) -> bool:
+def tune_allocator(mmap_threshold: int = DEFAULT_MMAP_THRESHOLD, trim_threshold: int = DEFAULT_TRIM_THRESHOLD) -> bool:
     """Apply the settings once per process; False where the C library is not glibc (musl, macOS, Windows)."""
     global _tuned
     if _tuned:

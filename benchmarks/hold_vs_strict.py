@@ -14,10 +14,17 @@ steps in each mode, per seed, and compares
   measure of what was learned;
 * the evaluation return: every trained model afterwards in one common setting, strict ``barrier`` stepping
   (no holds), deterministic actions, fresh games with fixed evaluation seeds (not the training seeds), both
-  policies of a mode in the same games, ``EVAL_EPISODES_PER_AGENT`` whole episodes per agent.
+  policies of a mode in the same games, ``EVAL_EPISODES_PER_AGENT`` whole episodes per agent, each agent's
+  start states from its own random stream (every model meets the same start states).
+
+It also records, per trainer, what happened around each PPO update (seconds, game ticks meanwhile, and the
+first transition after it). ``--modes barrier,hold,hold-fresh`` adds the trainer-side fix that gdrl-train applies by
+default (``clients.callbacks.FreshStartCallback``): after an update the trainer starts its rollout from the
+newest observation instead of the one from before the update. Plain ``hold`` is SB3 without it.
 
     python -m benchmarks.hold_vs_strict --seconds 40
-    python -m benchmarks.hold_vs_strict --learning --seeds 5 --out hold_learning.json
+    python -m benchmarks.hold_vs_strict --learning --seeds 30 --out hold_learning.json
+    python -m benchmarks.hold_vs_strict --render hold_learning.json
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ Actor = Callable[[dict[str, np.ndarray]], np.ndarray]  # observations of every e
 
 
 def trainer_main(argv: list[str]) -> None:
-    """One trainer process: PPO on a BrokerVecEnv in the given stepping mode, for a time or step budget."""
+    """One trainer process: PPO on a BrokerVecEnv in the given stepping mode ("hold-fresh": hold, with the
+    library's FreshStartCallback, as gdrl-train uses it), for a time or step budget; writes a JSON report and,
+    with --save, the model."""
     parser = argparse.ArgumentParser()
     for name in ("--address", "--policy", "--mode", "--report"):
         parser.add_argument(name, required=True)
@@ -62,6 +71,7 @@ def trainer_main(argv: list[str]) -> None:
     parser.add_argument("--timesteps", type=int, default=10**9)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", default=None, help="save the trained model here (.zip)")
+    parser.add_argument("--diagnose", action="store_true", help="count the game ticks during each update")
     args = parser.parse_args(argv)
 
     import torch
@@ -70,37 +80,64 @@ def trainer_main(argv: list[str]) -> None:
     from stable_baselines3.common.vec_env import VecMonitor
 
     from broker.protocol.messages import StepOptions
+    from clients.callbacks import FreshStartCallback
     from clients.vec_env import BrokerVecEnv
 
     torch.set_num_threads(1)
-    env = BrokerVecEnv(args.policy, args.address, stepping=StepOptions(args.mode), name=f"bench-{args.policy}")
+    stepping, _, variant = args.mode.partition("-")  # "hold-fresh": hold stepping, FreshStartCallback
+    env = BrokerVecEnv(args.policy, args.address, stepping=StepOptions(stepping), name=f"bench-{args.policy}")
+    fresh = FreshStartCallback() if variant == "fresh" else None
     returns: list[float] = []
+    touched: list[bool] = []  # per episode in ``returns``: some of its ticks ran on held actions in an update
     histogram = np.zeros(FRAMES_HISTOGRAM + 1, np.int64)  # transitions by game ticks spanned
     after_update = HoldDiagnostics()
     started = time.monotonic()
 
+    def game_ticks() -> float:
+        from broker.status import fetch_status
+
+        games = fetch_status(args.address)["games"]
+        return float(np.mean([g["ticks"] for g in games]))
+
     class Budget(BaseCallback):
-        rollout_ended: float | None = None
+        rollout_ended: tuple[float, float] | None = None  # (time, game ticks) when the last rollout ended
         first_of_rollout = False
+        in_touched = np.zeros(env.num_envs, np.bool_)  # rows whose current episode ran on held actions
+        fresh_starts_seen = 0
 
         def _on_rollout_start(self) -> None:
             self.first_of_rollout = self.rollout_ended is not None  # the first step after an update
-            self.update_started = self.rollout_ended
+            if self.rollout_ended is not None:
+                ended_at, ticks_then = self.rollout_ended
+                after_update.start(time.monotonic() - ended_at, game_ticks() - ticks_then if args.diagnose else None)
+                if fresh is not None and fresh.fresh_starts > self.fresh_starts_seen:
+                    self.fresh_starts_seen = fresh.fresh_starts
+                    assert fresh.last_refresh is not None
+                    _, rewards, dones, infos = fresh.last_refresh  # the unrecorded step: episodes ended in it
+                    self.observe(infos, np.asarray(dones, np.bool_), rewards, recorded=False)
 
-        def _on_rollout_end(self) -> None:
-            self.rollout_ended = time.monotonic()
+        def _on_rollout_end(self) -> None:  # a status request per rollout: only when asked for
+            self.rollout_ended = (time.monotonic(), game_ticks() if args.diagnose else 0.0)
 
-        def _on_step(self) -> bool:
-            infos = self.locals["infos"]
-            for info in infos:
+        def observe(self, infos: list[dict[str, Any]], dones: np.ndarray, rewards: np.ndarray, recorded: bool) -> None:
+            frames = np.array([info.get("frames", 1) for info in infos], np.int64)
+            if recorded:  # transitions PPO trains on
+                histogram[:] += np.bincount(np.minimum(frames, FRAMES_HISTOGRAM), minlength=FRAMES_HISTOGRAM + 1)
+            not_applied = np.array([info.get("action_applied") is False for info in infos], np.bool_)
+            if self.first_of_rollout:
+                after_update.add(frames, dones, rewards, not_applied)
+                self.in_touched |= frames > 1  # these episodes ran on held actions (ended now or go on)
+                self.first_of_rollout = False
+            for row, info in enumerate(infos):
                 if "episode" in info:
                     returns.append(float(info["episode"]["r"]))
-            frames = np.array([info.get("frames", 1) for info in infos], np.int64)
-            histogram[:] += np.bincount(np.minimum(frames, FRAMES_HISTOGRAM), minlength=FRAMES_HISTOGRAM + 1)
-            if self.first_of_rollout:
-                assert self.update_started is not None
-                after_update.add(frames, self.locals["dones"], self.locals["rewards"], infos, self.update_started)
-                self.first_of_rollout = False
+                    touched.append(bool(self.in_touched[row]))
+            # The next episode of a row whose action came too late began on held actions too.
+            self.in_touched = np.where(dones, not_applied, self.in_touched)
+
+        def _on_step(self) -> bool:
+            dones = np.asarray(self.locals["dones"], np.bool_)
+            self.observe(self.locals["infos"], dones, self.locals["rewards"], recorded=True)
             return not args.seconds or time.monotonic() - started < args.seconds
 
     model = PPO(
@@ -112,11 +149,16 @@ def trainer_main(argv: list[str]) -> None:
         seed=args.seed,
         verbose=0,
     )
-    model.learn(total_timesteps=args.timesteps, callback=Budget())
+    callbacks: list[BaseCallback] = [Budget()]
+    if fresh is not None:
+        callbacks.insert(0, fresh)  # first: the budget callback reads the step it adds
+    model.learn(total_timesteps=args.timesteps, callback=callbacks)
     elapsed = time.monotonic() - started
     if args.save:
         model.save(args.save)
     transitions = int(histogram.sum())
+    last = np.array(returns[-200:])
+    last_touched = np.array(touched[-200:], np.bool_)
     report = {
         "policy": args.policy,
         "mode": args.mode,
@@ -124,7 +166,11 @@ def trainer_main(argv: list[str]) -> None:
         "seconds": elapsed,
         "samples_per_s": model.num_timesteps / elapsed,
         "episodes": len(returns),
-        "reward_end": float(np.mean(returns[-200:])) if returns else None,
+        "reward_end": float(last.mean()) if returns else None,
+        "reward_end_touched_fraction": float(last_touched.mean()) if returns else None,
+        "reward_end_untouched": float(last[~last_touched].mean()) if (~last_touched).any() else None,
+        "reward_end_touched": float(last[last_touched].mean()) if last_touched.any() else None,
+        "episodes_touched": int(sum(touched)),
         "mean_frames": float(histogram @ np.arange(FRAMES_HISTOGRAM + 1) / max(transitions, 1)),
         "max_frames": int(np.flatnonzero(histogram).max(initial=1)),
         "frames_histogram": {str(f): int(n) for f, n in enumerate(histogram) if n},
@@ -135,50 +181,52 @@ def trainer_main(argv: list[str]) -> None:
 
 
 class HoldDiagnostics:
-    """What the first transition of each rollout (the one whose action was chosen before a PPO update and
-    applied after it) looked like: how long the update took, how many game ticks it spanned, how many
-    agents' episodes ended meanwhile (their action was then not applied), and its reward."""
+    """Each PPO update, and the first transition after it (its action was chosen from the observation of
+    before the update): the update's seconds, the game ticks that ran meanwhile (held, in hold mode), the
+    fraction of agents whose episode ended meanwhile (their new action is then not applied: the next episode
+    starts on held actions too), the ticks those ended transitions spanned, and the rewards they carried."""
 
     def __init__(self) -> None:
         self.update_seconds: list[float] = []
-        self.held_ticks: list[int] = []  # per update: ticks of the longest open transition, minus the applied one
-        self.ended_fraction: list[float] = []
+        self.update_ticks: list[float] = []  # game ticks (mean over games) while the trainer updated
+        self.done_fraction: list[float] = []
         self.not_applied_fraction: list[float] = []
-        self.reward_open: list[float] = []  # mean reward of the rows whose episode went on
-        self.reward_ended: list[float] = []  # mean reward of the rows whose episode ended during the hold
+        self.frames_done: list[float] = []  # mean ticks spanned by the transitions that ended an episode
+        self.frames_open: list[float] = []  # mean ticks spanned by the others
+        self.reward_done: list[float] = []
+        self.reward_open: list[float] = []
 
-    def add(
-        self,
-        frames: np.ndarray,
-        dones: np.ndarray,
-        rewards: np.ndarray,
-        infos: list[dict[str, Any]],
-        update_started: float,
-    ) -> None:
-        self.update_seconds.append(time.monotonic() - update_started)
-        dones = np.asarray(dones, np.bool_)
-        open_rows = ~dones
-        self.held_ticks.append(int(frames[open_rows].max()) - 1 if open_rows.any() else -1)
-        self.ended_fraction.append(float(dones.mean()))
-        self.not_applied_fraction.append(float(np.mean([info.get("action_applied") is False for info in infos])))
-        if open_rows.any():
-            self.reward_open.append(float(np.mean(rewards[open_rows])))
-        if dones.any():
-            self.reward_ended.append(float(np.mean(rewards[dones])))
+    def start(self, seconds: float, ticks: float | None) -> None:
+        self.update_seconds.append(seconds)
+        if ticks is not None:
+            self.update_ticks.append(ticks)
+
+    def add(self, frames: np.ndarray, dones: np.ndarray, rewards: np.ndarray, not_applied: np.ndarray) -> None:
+        self.done_fraction.append(float(dones.mean()))
+        self.not_applied_fraction.append(float(not_applied.mean()))
+        for rows, spans, reward in (
+            (dones, self.frames_done, self.reward_done),
+            (~dones, self.frames_open, self.reward_open),
+        ):
+            if rows.any():
+                spans.append(float(frames[rows].mean()))
+                reward.append(float(np.mean(rewards[rows])))
 
     def summary(self) -> dict[str, Any]:
-        def mean(values: list[float] | list[int]) -> float | None:
+        def mean(values: list[float]) -> float | None:
             return float(np.mean(values)) if values else None
 
         return {
             "updates": len(self.update_seconds),
             "update_seconds_mean": mean(self.update_seconds),
-            "held_ticks": self.held_ticks,
-            "held_ticks_mean": mean([t for t in self.held_ticks if t >= 0]),
-            "ended_during_hold_fraction": mean(self.ended_fraction),
-            "action_not_applied_fraction": mean(self.not_applied_fraction),
-            "reward_open_rows": mean(self.reward_open),
-            "reward_ended_rows": mean(self.reward_ended),
+            "update_ticks_mean": mean(self.update_ticks),
+            "update_ticks": [round(t, 1) for t in self.update_ticks],
+            "first_step_done_fraction": mean(self.done_fraction),
+            "first_step_not_applied_fraction": mean(self.not_applied_fraction),
+            "first_step_frames_done": mean(self.frames_done),
+            "first_step_frames_open": mean(self.frames_open),
+            "first_step_reward_done": mean(self.reward_done),
+            "first_step_reward_open": mean(self.reward_open),
         }
 
 
@@ -357,7 +405,8 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
 
     env = python_env()
     quiet: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
-    with broker_process(workdir, "--games", "2", "--stepping", mode, "--status-interval", "0") as (_, address):
+    stepping = mode.partition("-")[0]
+    with broker_process(workdir, "--games", "2", "--stepping", stepping, "--status-interval", "0") as (_, address):
         games = [
             subprocess.Popen(
                 [
@@ -406,6 +455,7 @@ def run_mode(mode: str, seconds: float, timesteps: int, workdir: Path, agents: i
                     str(timesteps),
                     "--save",
                     str(workdir / f"{mode}-{spec['policy']}.zip"),
+                    *(() if seconds else ("--diagnose",)),
                 ],
                 env=env,
                 **quiet,
@@ -483,6 +533,17 @@ def main() -> None:
         help="learning run: evaluation episodes per agent (x 2 games x agents per policy)",
     )
     parser.add_argument("--workdir", default=None, help="learning run: keep models, reports and logs here")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="learning run: keep the seeds in --out, run the rest up to --seeds",
+    )
+    parser.add_argument(
+        "--modes",
+        default="barrier,hold",
+        help="learning run: stepping modes, the first is the reference (hold-fresh: hold, and the trainer "
+        "starts each rollout from the newest observation with clients.callbacks.FreshStartCallback)",
+    )
     parser.add_argument("--render", default=None, metavar="JSON", help="only render a learning run's saved JSON")
     parser.add_argument("--out", default="hold_vs_strict.json")
     args = parser.parse_args()
@@ -510,6 +571,9 @@ def run_learning(args: argparse.Namespace, timesteps: int, workroot: Path) -> di
     rewritten after every seed, so an interrupted run keeps the seeds it finished."""
     import torch
 
+    from broker.log import configure_logging
+
+    configure_logging(level="warning")  # the evaluation's in-process broker: no info lines between the results
     torch.set_num_threads(1)  # the evaluation's inference: the other core stays with the games and broker
     result: dict[str, Any] = {
         "timesteps": timesteps,
@@ -525,16 +589,25 @@ def run_learning(args: argparse.Namespace, timesteps: int, workroot: Path) -> di
         },
         "runs": [],
     }
-    for seed in range(args.seeds):
+    if args.resume and Path(args.out).exists():
+        done = json.loads(Path(args.out).read_text())
+        settings = {k: v for k, v in result.items() if k != "runs"}
+        same_modes = all([m["mode"] for m in run] == args.modes.split(",") for run in done["runs"])
+        if {k: v for k, v in done.items() if k != "runs"} != settings or not same_modes:
+            raise SystemExit(f"--resume: {args.out} was made with other settings")
+        result["runs"] = done["runs"]
+    for seed in range(len(result["runs"]), args.seeds):
         workdir = workroot / f"seed-{seed}"
         workdir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        modes = [run_mode(mode, 0.0, timesteps, workdir, args.agents, seed) for mode in ("barrier", "hold")]
+        modes = [run_mode(mode, 0.0, timesteps, workdir, args.agents, seed) for mode in args.modes.split(",")]
         for run in modes:
+            run["seed"] = seed
             models = {policy: workdir / f"{run['mode']}-{policy}.zip" for policy in POLICIES}
             evaluation = evaluate_models(models, args.agents, args.eval_episodes)
             for policy in POLICIES:
                 run[policy]["eval"] = evaluation[policy]
+        pair_with_reference(modes)
         result["runs"].append(modes)
         Path(args.out).write_text(json.dumps(result, indent=2))
         summary = ", ".join(
@@ -546,46 +619,101 @@ def run_learning(args: argparse.Namespace, timesteps: int, workroot: Path) -> di
     return result
 
 
+def pair_with_reference(modes: list[dict[str, Any]]) -> None:
+    """Each mode's evaluation against the first mode's, episode by episode over the same start states: the mean
+    difference and its standard error (the evaluation noise of that seed's difference). The per-episode returns
+    are dropped afterwards, to keep the JSON small."""
+    for policy in POLICIES:
+        reference = np.array(modes[0][policy]["eval"]["returns"])
+        for run in modes:
+            diffs = np.array(run[policy]["eval"]["returns"]) - reference
+            run[policy]["eval"]["paired_vs_reference"] = {
+                "mean": float(diffs.mean()),
+                "se": float(diffs.std(ddof=1) / np.sqrt(len(diffs))),
+            }
+    for run in modes:
+        for policy in POLICIES:
+            del run[policy]["eval"]["returns"]
+
+
+MODE_LABELS = {"barrier": "strict"}
+
+
 def render_learning(result: dict[str, Any]) -> str:
+    """Per policy: training and evaluation returns of every mode against the first (strict), over seeds; the
+    evaluation noise of one seed's difference; then what happened around the slow trainer's updates."""
     runs = result["runs"]
     n = len(runs)
     episodes = result["evaluation"]["episodes_per_agent"] * result["games"] * result["agents"]
-    lines = [
-        f"| policy | return | strict (mean ± sd, {n} seeds) | hold | hold - strict (mean ± se) | "
-        "hold - strict per seed |",
-        "|---|---|---|---|---|---|",
-    ]
-    for p in POLICIES:
-        for label, value in (
-            ("training, last 200 episodes", lambda r: r["reward_end"]),
-            (f"evaluation, {episodes} episodes", lambda r: r["eval"]["return_mean"]),
-        ):
-            strict = np.array([value(run[0][p]) for run in runs])
-            hold = np.array([value(run[1][p]) for run in runs])
-            diffs = hold - strict
-            se = diffs.std(ddof=1) / np.sqrt(n) if n > 1 else 0.0
-            lines.append(
-                f"| {p} | {label} | {strict.mean():.3f} ± {strict.std(ddof=1) if n > 1 else 0:.3f} | "
-                f"{hold.mean():.3f} ± {hold.std(ddof=1) if n > 1 else 0:.3f} | {diffs.mean():+.3f} ± {se:.3f} | "
-                f"{', '.join(f'{d:+.3f}' for d in diffs)} |"
-            )
+    modes = [MODE_LABELS.get(run["mode"], run["mode"]) for run in runs[0]]
+    reference = modes[0]
+
+    def sd(values: np.ndarray) -> float:
+        return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+    lines = []
+    for index, mode in enumerate(modes[1:], start=1):
+        lines += [
+            f"| policy | return | {reference} (mean ± sd, {n} seeds) | {mode} | {mode} - {reference} (mean ± se) | "
+            f"{mode} - {reference} per seed |",
+            "|---|---|---|---|---|---|",
+        ]
+        for p in POLICIES:
+            for label, value in (
+                ("training, last 200 episodes", lambda r: r["reward_end"]),
+                (f"evaluation, {episodes} episodes", lambda r: r["eval"]["return_mean"]),
+            ):
+                base = np.array([value(run[0][p]) for run in runs])
+                other = np.array([value(run[index][p]) for run in runs])
+                diffs = other - base
+                lines.append(
+                    f"| {p} | {label} | {base.mean():.3f} ± {sd(base):.3f} | {other.mean():.3f} ± {sd(other):.3f} | "
+                    f"{diffs.mean():+.3f} ± {sd(diffs) / np.sqrt(n):.3f} | {', '.join(f'{d:+.3f}' for d in diffs)} |"
+                )
+        noise = [
+            f"{p} ±{np.mean([run[index][p]['eval']['paired_vs_reference']['se'] for run in runs]):.3f}"
+            for p in POLICIES
+        ]
+        lines += [
+            "",
+            f"Evaluation noise of one seed's {mode} - {reference} difference (standard error, paired over the same "
+            f"{episodes} start states): {', '.join(noise)}.",
+            "",
+        ]
+
+    def avg(values: list[Any]) -> float:
+        present = [v for v in values if v is not None]
+        return float(np.mean(present)) if present else float("nan")
+
     lines += [
-        "",
-        "| policy | mode | eval goal reached | eval episode ticks | eval sem (mean) | mean frames (training) | "
-        "held ticks per update | episodes ended in the hold |",
-        "|---|---|---|---|---|---|---|---|",
+        "| policy | mode | eval: goal reached | eval: ticks per episode | training: mean frames | "
+        "update: seconds / game ticks meanwhile | first transition after an update: episode ended / "
+        "action not applied / ticks spanned / reward |",
+        "|---|---|---|---|---|---|---|",
     ]
     for p in POLICIES:
-        for index, mode in enumerate(("strict", "hold")):
+        for index, mode in enumerate(modes):
             reports = [run[index][p] for run in runs]
-            held = [r["after_update"]["held_ticks_mean"] for r in reports if r["after_update"]["held_ticks_mean"]]
-            ended = [r["after_update"]["ended_during_hold_fraction"] or 0.0 for r in reports]
+            update = [r["after_update"] for r in reports if r["after_update"]["updates"]]  # seeds that measured it
+            spans, rewards = [], []
+            for u in update:
+                ended = u["first_step_done_fraction"]
+                spans.append(
+                    (u["first_step_frames_done"] or 0.0) * ended + (u["first_step_frames_open"] or 0.0) * (1 - ended)
+                )
+                rewards.append(
+                    (u["first_step_reward_done"] or 0.0) * ended + (u["first_step_reward_open"] or 0.0) * (1 - ended)
+                )
+            measured = "" if len(update) == n else f" ({len(update)} seeds)"
             lines.append(
-                f"| {p} | {mode} | {np.mean([r['eval']['goal_fraction'] for r in reports]):.1%} | "
-                f"{np.mean([r['eval']['length_mean'] for r in reports]):.1f} | "
-                f"{np.mean([r['eval']['return_sem'] for r in reports]):.3f} | "
-                f"{np.mean([r['mean_frames'] for r in reports]):.3f} | "
-                f"{np.mean(held) if held else 0.0:.1f} | {np.mean(ended):.1%} |"
+                f"| {p} | {mode} | {avg([r['eval']['goal_fraction'] for r in reports]):.1%} | "
+                f"{avg([r['eval']['length_mean'] for r in reports]):.2f} | "
+                f"{avg([r['mean_frames'] for r in reports]):.3f} | "
+                f"{avg([u['update_seconds_mean'] for u in update]):.2f} / "
+                f"{avg([u['update_ticks_mean'] for u in update]):.0f}{measured} | "
+                f"{avg([u['first_step_done_fraction'] for u in update]):.0%} / "
+                f"{avg([u['first_step_not_applied_fraction'] for u in update]):.0%} / "
+                f"{avg(spans):.1f} / {avg(rewards):+.2f}{measured} |"
             )
     return "\n".join(lines)
 

@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     conn.add_argument(
         "--hold-action", choices=("repeat", "noop"), default=None, help="with --stepping hold: what held agents do"
     )
+    conn.add_argument(
+        "--no-fresh-start",
+        action="store_true",
+        help="PPO/A2C with hold stepping: after an update act on the observation from before it, as plain SB3 "
+        "does (default: answer with the held actions and start the rollout from the newest observation)",
+    )
 
     run = parser.add_argument_group("run")
     run.add_argument(
@@ -498,6 +504,10 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
             run_inference(model, env, tracker, options.timesteps)
         else:
             callbacks = [make_callback(tracker)]
+            if options.algo in ("ppo", "a2c") and not args.no_fresh_start:
+                from clients.callbacks import FreshStartCallback
+
+                callbacks.append(FreshStartCallback())
             if args.save_checkpoint_frequency:
                 callbacks.append(_checkpoint_callback(args, env.num_envs))
             assert options.timesteps is not None

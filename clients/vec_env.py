@@ -7,6 +7,7 @@ process, with no socket in between. ``BrokerEnv`` is a single-agent gymnasium vi
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -76,6 +77,13 @@ class BrokerVecEnv(VecEnv):
         self._open_step: int | None = None
         self._pending: dict[str, np.ndarray] | None = None
         self.last_waiting: str | None = None
+        self.stepping = stepping
+        # What a fresh start after a long pause needs (clients/callbacks.py): the actions sent last (the games
+        # repeat them while this trainer is away), whether the broker holds this policy (its batches then
+        # report frames), and when the last observations went to the caller.
+        self.last_actions: np.ndarray | None = None
+        self.holding = False
+        self.returned_at = time.monotonic()
         if link is None:
             trainer_name = name or default_name(f"trainer[{policy}]")
             hello = Hello("trainer", PROTOCOL_VERSION, trainer_name, token, policy=policy, stepping=stepping)
@@ -142,11 +150,14 @@ class BrokerVecEnv(VecEnv):
         self._reset_options()
         self.reset_infos = [dict(batch.data.infos.get(i, {})) for i in range(self.num_envs)]
         self._last_obs = convert_obs(self.spaces, batch.data.obs)
+        self.holding = batch.data.frames is not None
+        self.returned_at = time.monotonic()
         return self._last_obs
 
     def step_async(self, actions: np.ndarray) -> None:
         if self._open_step is None:
             raise BrokerError("unexpected_message", "call reset() before step()")
+        self.last_actions = np.array(actions, copy=True)
         try:
             self._link.send(TrainerAct(self._open_step, self._codec.to_wire(actions)))
         except BrokerError as exc:
@@ -192,6 +203,8 @@ class BrokerVecEnv(VecEnv):
                 else:
                     infos[row]["terminal_observation"] = {k: v[row].copy() for k, v in obs.items()}
         self._last_obs = obs
+        self.holding = data.frames is not None
+        self.returned_at = time.monotonic()
         return obs, np.array(data.reward, dtype=np.float32), dones, infos
 
     # --- surviving a lost broker -----------------------------------------------------------------
@@ -227,6 +240,7 @@ class BrokerVecEnv(VecEnv):
             info["terminal_observation"] = {k: v[row].copy() for k, v in last.items()}
             infos.append(info)
         self._last_obs = obs
+        self.returned_at = time.monotonic()
         return obs, np.zeros(self.num_envs, np.float32), np.ones(self.num_envs, np.bool_), infos
 
     def _reconnect_and_reset(self, cause: BrokerError) -> Batch:

@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from benchmarks.hold_vs_strict import evaluate_models, evaluate_policies, evaluation_envs, evaluation_game
+from benchmarks.hold_vs_strict import Actor, evaluate_models, evaluate_policies, evaluation_envs, evaluation_game
 from broker.protocol.spaces import PolicySpaces
 from clients.sim_game import MOVER, PICKER, mover_spaces, picker_spaces
 from clients.spaces import ActionCodec, observation_dict
@@ -40,6 +40,7 @@ def test_scripted_perfect_policies_beat_random_ones_and_the_evaluation_is_reprod
     for actors in ("perfect", "random", "perfect"):
         with evaluation_envs(AGENTS) as envs:
             assert {p: env.num_envs for p, env in envs.items()} == {MOVER: 2 * AGENTS, PICKER: 2 * AGENTS}
+            chosen: dict[str, Actor]
             if actors == "perfect":
                 chosen = {MOVER: perfect_mover, PICKER: perfect_picker}
             else:
@@ -60,15 +61,14 @@ def test_scripted_perfect_policies_beat_random_ones_and_the_evaluation_is_reprod
 
 def test_evaluation_game_gives_each_agent_the_same_start_states_whatever_order_episodes_end_in() -> None:
     one, other = evaluation_game(3, 3, seed=7), evaluation_game(3, 3, seed=7)
-    starts: dict[int, list[list[float]]] = {id(one): [], id(other): []}
-    everyone = np.ones(3, np.bool_)
+    states = []
     for game, order in ((one, [0, 1, 2]), (other, [2, 0, 1])):  # agents' episodes end in different orders
         for _ in range(4):
             for agent in order:
-                game._reset_movers(everyone & (np.arange(3) == agent))
-                game._reset_pickers(everyone & (np.arange(3) == agent))
-        starts[id(game)] = [game.pos.tolist(), game.target.tolist(), game.cell.tolist(), game.goal.tolist()]
-    assert starts[id(one)] == starts[id(other)]
+                game._reset_movers(np.arange(3) == agent)
+                game._reset_pickers(np.arange(3) == agent)
+        states.append([game.pos.tolist(), game.target.tolist(), game.cell.tolist(), game.goal.tolist()])
+    assert states[0] == states[1]
     assert evaluation_game(3, 3, seed=8).pos.tolist() != one.pos.tolist()  # the seed matters
     assert (one.goal != one.cell).all()  # as in the simulated game: the goal is never the start cell
 

@@ -322,18 +322,12 @@ def evaluation_game(n_movers: int, n_pickers: int, seed: int) -> Any:
 
 def play_evaluation_game(address: str, agents: int, seed: int, name: str) -> None:
     """Play one evaluation game until the broker closes (run_sim_game's loop, with ``evaluation_game``)."""
-    from clients.errors import BrokerError
     from clients.game import GameClient
 
     game = evaluation_game(agents, agents, seed)
     client = GameClient(address, game.group_specs(), name=name, timeout_reconnect=0)
-    data = game.first_step()
     try:
-        while True:
-            data = game.apply(client.step(data))
-    except BrokerError as exc:
-        if exc.code not in ("closed", "connection_lost"):
-            raise
+        client.play(game.first_step(), game.apply)
     finally:
         client.close()
 
@@ -686,9 +680,9 @@ def render_learning(result: dict[str, Any]) -> str:
         return float(np.mean(present)) if present else float("nan")
 
     lines += [
-        "| policy | mode | eval: goal reached | eval: ticks per episode | training: mean frames | "
-        "update: seconds / game ticks meanwhile | first transition after an update: episode ended / "
-        "action not applied / ticks spanned / reward |",
+        "| policy | mode | eval: goal reached | eval: ticks per episode | training: mean frames (recorded) | "
+        "update: seconds / game ticks meanwhile | first step after an update (hold-fresh: the unrecorded "
+        "refresh step): episode ended / action not applied / ticks spanned / reward |",
         "|---|---|---|---|---|---|---|",
     ]
     for p in POLICIES:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import structlog
@@ -61,6 +61,24 @@ class GameClient:
         self.held = set(self.groups) - set(message.groups)
         self.last_actions.update(message.groups)
         return dict(self.last_actions)
+
+    def play(
+        self,
+        first: dict[str, StepData],
+        apply: Callable[[dict[str, dict[str, np.ndarray]]], dict[str, StepData]],
+        max_ticks: int | None = None,
+    ) -> int:
+        """Step the game (``apply``: actions -> next step) until the broker closes it or ``max_ticks``;
+        returns the ticks played. The broker closing the game or its connection is a normal end."""
+        data = first
+        try:
+            while max_ticks is None or self.tick < max_ticks:
+                data = apply(self.step(data))
+        except BrokerError as exc:
+            if exc.code not in ("closed", "connection_lost"):
+                raise
+            log.info("broker closed the game", reason=exc.message, ticks=self.tick)
+        return self.tick
 
     def _exchange(self, groups: dict[str, StepData]) -> Message:
         """Send this tick's step and return the broker's answer, reconnecting if the broker was lost."""

@@ -444,7 +444,6 @@ def serve_parallel_env(
 
     ``timeout_reconnect``: seconds to wait for a lost broker to come back (0: never), as GameClient.
     """
-    from clients.errors import BrokerError
     from clients.game import GameClient
 
     env = env_fn()
@@ -463,18 +462,13 @@ def serve_parallel_env(
         groups={g.policy: len(g.agents) for g in game.groups},
         address=str(address),
     )
-    data = game.first_step()
     try:
-        while max_ticks is None or client.tick < max_ticks:
-            data = game.apply(client.step(data))
-    except BrokerError as exc:
-        if exc.code not in ("closed", "connection_lost"):
-            raise
+        ticks = client.play(game.first_step(), game.apply, max_ticks)
     finally:
         client.close()
         env.close()
-    log.info("game stopped", ticks=client.tick, episodes=game.episodes)
-    return client.tick
+    log.info("game stopped", ticks=ticks, episodes=game.episodes)
+    return ticks
 
 
 def load_factory(spec: str, kwargs: Mapping[str, Any] | None = None) -> EnvFactory:

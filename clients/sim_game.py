@@ -156,26 +156,18 @@ def run_sim_game(
     token: str | None = None,
 ) -> int:
     """Play until the broker closes (or ``max_ticks``); returns the number of ticks played."""
-    from clients.errors import BrokerError
     from clients.game import GameClient
     from clients.transport import BrokerGoneError
 
     game = SimGame(n_movers, n_pickers, seed)
     client = GameClient(address, game.group_specs(), name=name, token=token)
-    data = game.first_step()
     try:
-        while max_ticks is None or client.tick < max_ticks:
-            data = game.apply(client.step(data))
+        return client.play(game.first_step(), game.apply, max_ticks)
     except BrokerGoneError as exc:
         log.error("gave up on the broker", error=exc.message)  # not a normal end: say so
         raise
-    except BrokerError as exc:
-        if exc.code not in ("closed", "connection_lost"):
-            raise
-        log.info("broker closed the game", reason=exc.message, ticks=client.tick)
     finally:
         client.close()
-    return client.tick
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -104,6 +104,7 @@ def trainer_main(argv: list[str]) -> None:
         first_of_rollout = False
         in_touched = np.zeros(env.num_envs, np.bool_)  # rows whose current episode ran on held actions
         fresh_starts_seen = 0
+        recorded_not_applied = 0  # transitions PPO trains on whose action was never applied
 
         def _on_rollout_start(self) -> None:
             self.first_of_rollout = self.rollout_ended is not None  # the first step after an update
@@ -124,6 +125,8 @@ def trainer_main(argv: list[str]) -> None:
             if recorded:  # transitions PPO trains on
                 histogram[:] += np.bincount(np.minimum(frames, FRAMES_HISTOGRAM), minlength=FRAMES_HISTOGRAM + 1)
             not_applied = np.array([info.get("action_applied") is False for info in infos], np.bool_)
+            if recorded:
+                self.recorded_not_applied += int(not_applied.sum())
             if self.first_of_rollout:
                 after_update.add(frames, dones, rewards, not_applied)
                 self.in_touched |= frames > 1  # these episodes ran on held actions (ended now or go on)
@@ -149,7 +152,8 @@ def trainer_main(argv: list[str]) -> None:
         seed=args.seed,
         verbose=0,
     )
-    callbacks: list[BaseCallback] = [Budget()]
+    budget = Budget()
+    callbacks: list[BaseCallback] = [budget]
     if fresh is not None:
         callbacks.insert(0, fresh)  # first: the budget callback reads the step it adds
     model.learn(total_timesteps=args.timesteps, callback=callbacks)
@@ -174,6 +178,7 @@ def trainer_main(argv: list[str]) -> None:
         "mean_frames": float(histogram @ np.arange(FRAMES_HISTOGRAM + 1) / max(transitions, 1)),
         "max_frames": int(np.flatnonzero(histogram).max(initial=1)),
         "frames_histogram": {str(f): int(n) for f, n in enumerate(histogram) if n},
+        "recorded_not_applied": budget.recorded_not_applied,
         "after_update": after_update.summary(),
     }
     Path(args.report).write_text(json.dumps(report))

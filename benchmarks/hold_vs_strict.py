@@ -562,7 +562,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results = [run_mode(mode, seconds, timesteps, Path(tmp), args.agents) for mode in ("barrier", "hold")]
     Path(args.out).write_text(json.dumps(results, indent=2))
-    print(render(results, learning=False))
+    print(render(results))
 
 
 def run_learning(args: argparse.Namespace, timesteps: int, workroot: Path) -> dict[str, Any]:
@@ -717,21 +717,10 @@ def render_learning(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render(results: list[dict[str, Any]], learning: bool) -> str:
+def render(results: list[dict[str, Any]]) -> str:
+    """The throughput table (learning runs: ``render_learning``)."""
     strict, hold = results
-    lines = []
-    if learning:
-        lines += [
-            "| policy | own steps | reward (strict) | reward (hold) | mean frames (hold) |",
-            "|---|---|---|---|---|",
-        ]
-        for p in (SLOW["policy"], FAST["policy"]):
-            lines.append(
-                f"| {p} | {hold[p]['env_steps']} | {strict[p]['reward_end']:.3f} | "
-                f"{hold[p]['reward_end']:.3f} | {hold[p]['mean_frames']:.2f} |"
-            )
-        return "\n".join(lines)
-    lines += ["| per game | strict (barrier) | hold | hold / strict |", "|---|---|---|---|"]
+    lines = ["| per game | strict (barrier) | hold | hold / strict |", "|---|---|---|---|"]
     lines.append(
         f"| game ticks/s | {strict['game_ticks_per_s']:.0f} | {hold['game_ticks_per_s']:.0f} | "
         f"{hold['game_ticks_per_s'] / strict['game_ticks_per_s']:.2f}x |"

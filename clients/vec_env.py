@@ -157,7 +157,7 @@ class BrokerVecEnv(VecEnv):
     def step_async(self, actions: np.ndarray) -> None:
         if self._open_step is None:
             raise BrokerError("unexpected_message", "call reset() before step()")
-        self.last_actions = np.array(actions, copy=True)
+        self.last_actions = actions  # SB3 hands over a fresh array every step: no copy
         try:
             self._link.send(TrainerAct(self._open_step, self._codec.to_wire(actions)))
         except BrokerError as exc:

@@ -1,0 +1,71 @@
+"""Finding and driving a real Godot 4 engine in tests.
+
+The engine comes from ``GODOT_BIN`` (else ``godot`` on PATH). Where there is none the engine tests skip with
+the reason; with ``GDRL_REQUIRE_GODOT=1`` (set by ``.ci/run``) a missing engine fails them instead, so CI
+can never pass by skipping. Every project a test runs is a fresh copy with the addon copied in and
+imported once (``--import``), as the editor would on first open.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ADDON_ROOT = ROOT / "godot_addon"
+ADDONS = ADDON_ROOT / "addons"
+EXAMPLES = ADDON_ROOT / "examples"
+# The unmodified godot_rl_agents plugin, a third-party fixture kept outside this repository.
+PLUGIN_FIXTURE = ROOT.parent / "shared" / "godot" / "godot_rl_agents_plugin" / "addons" / "godot_rl_agents"
+
+IMPORT_TIMEOUT_S = 300
+
+
+def find_godot() -> Path | None:
+    """The engine binary named by GODOT_BIN, else ``godot`` on PATH, else None."""
+    named = os.environ.get("GODOT_BIN")
+    if named:
+        path = Path(named)
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    found = shutil.which("godot")
+    return Path(found) if found else None
+
+
+def require_godot() -> Path:
+    """The engine, or a skip (a failure under GDRL_REQUIRE_GODOT=1) that says how to provide one."""
+    godot = find_godot()
+    if godot is not None:
+        return godot
+    reason = (
+        "no Godot engine: set GODOT_BIN to a Godot 4.2+ binary (or put `godot` on PATH); "
+        f"GODOT_BIN={os.environ.get('GODOT_BIN', '<unset>')!r}"
+    )
+    if os.environ.get("GDRL_REQUIRE_GODOT") == "1":
+        pytest.fail(f"GDRL_REQUIRE_GODOT=1 but {reason}")
+    pytest.skip(reason)
+
+
+def prepare_project(
+    godot: Path, source: Path, destination: Path, *, broker_addon: bool = True, plugin_addon: bool = False
+) -> Path:
+    """Copies a project to ``destination``, copies the addon(s) in and runs ``--import`` once."""
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns(".godot", "addons", "build"))
+    if broker_addon:
+        shutil.copytree(ADDONS, destination / "addons", dirs_exist_ok=True)
+    if plugin_addon:
+        if not PLUGIN_FIXTURE.is_dir():
+            pytest.fail(f"the godot_rl_agents plugin fixture is missing at {PLUGIN_FIXTURE}")
+        shutil.copytree(PLUGIN_FIXTURE, destination / "addons" / "godot_rl_agents", dirs_exist_ok=True)
+    result = subprocess.run(
+        [str(godot), "--headless", "--path", str(destination), "--import"],
+        capture_output=True,
+        text=True,
+        timeout=IMPORT_TIMEOUT_S,
+    )
+    cache = destination / ".godot" / "global_script_class_cache.cfg"
+    assert cache.exists(), f"--import wrote no class cache (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+    return destination

@@ -16,6 +16,52 @@ from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Show a flag's default in --help, when it has one worth showing."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        secret = action.dest == "token"  # its default comes from the environment: never print it
+        meaningless = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
+        shown = not meaningless and "default" not in text and not secret
+        return text + " (default: %(default)s)" if shown else text
+
+
+STATUS_COLUMNS = """columns (README "Troubleshooting" says what to do about what they show):
+  agents            VecEnv slots of the policy (its agents summed over all games)
+  trainer           the trainer's name, - while none is connected
+  mode              hold or barrier stepping (docs/protocol.md section 5)
+  steps/s           env steps delivered to the trainer per second (10 s window)
+  ticks/s           game ticks carrying the policy per second
+  mean ep. reward   mean return of the last 100 episodes
+  held              share of game ticks on which the policy's agents repeated their last action
+  longest hold      most game ticks one transition spanned
+  trainer waited s  seconds the trainer waited for games
+  games waited s    seconds games waited for the trainer's actions"""
+
+
+def _print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from broker.status import fetch_status, prometheus_text, render_table
+
+    try:
+        status = fetch_status(args.address, args.token, timeout=args.timeout)
+    except Exception as exc:
+        parser.exit(1, f"gdrl-broker status: {exc}\n")
+    if args.json:
+        text = json.dumps(status, indent=2) + "\n"
+    elif args.prometheus:
+        text = prometheus_text(status)
+    else:
+        text = render_table(status) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `gdrl-broker status --json | head`: the reader has what it wanted. Point stdout at /dev/null so
+        # the interpreter's final flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServerConfig()
     parser.add_argument("--host", default=defaults.host, help="address to bind (default: loopback only)")
@@ -160,39 +206,40 @@ async def serve(config: ServerConfig, port_file: str | None = None) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gdrl-broker", description="One port, many policies.")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="run the broker daemon")
+    serve_parser = commands.add_parser("serve", help="run the broker daemon", formatter_class=_HelpFormatter)
     _add_serve_arguments(serve_parser)
 
     from clients import sim_game
 
-    sim_parser = commands.add_parser("sim-game", help="run simulated game instance(s) against a broker")
+    sim_parser = commands.add_parser(
+        "sim-game", help="run simulated game instance(s) against a broker", formatter_class=_HelpFormatter
+    )
     sim_game.add_arguments(sim_parser)
 
     from clients import demo
 
-    demo_parser = commands.add_parser("demo", help="broker + simulated games + one trainer per policy")
+    demo_parser = commands.add_parser(
+        "demo", help="broker + simulated games + one trainer per policy", formatter_class=_HelpFormatter
+    )
     demo.add_arguments(demo_parser)
 
-    status_parser = commands.add_parser("status", help="show a running broker's games, trainers and policies")
+    status_parser = commands.add_parser(
+        "status",
+        help="show a running broker's games, trainers and policies",
+        formatter_class=_HelpFormatter,
+        epilog=STATUS_COLUMNS,
+    )
     status_parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port or unix:/path")
-    status_parser.add_argument("--token", default=os.environ.get("GDRL_BROKER_TOKEN"))
+    status_parser.add_argument(
+        "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
+    )
+    status_parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
     status_parser.add_argument("--json", action="store_true", help="print the raw JSON")
     status_parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
 
     args = parser.parse_args(argv)
     if args.command == "status":
-        from broker.status import fetch_status, prometheus_text, render_table
-
-        try:
-            status = fetch_status(args.address, args.token)
-        except Exception as exc:
-            parser.exit(1, f"gdrl-broker status: {exc}\n")
-        if args.json:
-            print(json.dumps(status, indent=2))
-        elif args.prometheus:
-            print(prometheus_text(status), end="")
-        else:
-            print(render_table(status))
+        _print_status(parser, args)
         return
     if args.command == "serve":
         configure_logging(args.log_json, args.log_level)
@@ -210,7 +257,7 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             loop.close()
     elif args.command == "sim-game":
-        sim_game.run_from_args(args)
+        sys.exit(sim_game.run_from_args(args))
     elif args.command == "demo":
         sys.exit(demo.run_from_args(args))
 

@@ -12,7 +12,7 @@ from broker.protocol.codec import BodyKind
 from broker.protocol.messages import GameActions, GameStep, Hello, Message, StepData
 from broker.protocol.spaces import GroupSpec
 from clients.errors import BrokerError
-from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name
+from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, BrokerGoneError, PeerSocket, default_name
 
 log = structlog.get_logger("gdrl.game")
 
@@ -69,13 +69,14 @@ class GameClient:
         max_ticks: int | None = None,
     ) -> int:
         """Step the game (``apply``: actions -> next step) until the broker closes it or ``max_ticks``;
-        returns the ticks played. The broker closing the game or its connection is a normal end."""
+        returns the ticks played. The broker closing the game or its connection is a normal end; a broker
+        that stayed away for the whole reconnect window is not (BrokerGoneError)."""
         data = first
         try:
             while max_ticks is None or self.tick < max_ticks:
                 data = apply(self.step(data))
         except BrokerError as exc:
-            if exc.code not in ("closed", "connection_lost"):
+            if exc.code not in ("closed", "connection_lost") or isinstance(exc, BrokerGoneError):
                 raise
             log.info("broker closed the game", reason=exc.message, ticks=self.tick)
         return self.tick

@@ -13,6 +13,7 @@ Episodes end per agent; the game resets those agents itself and reports their fi
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Final
 
 import numpy as np
@@ -154,13 +155,14 @@ def run_sim_game(
     name: str | None = None,
     max_ticks: int | None = None,
     token: str | None = None,
+    timeout_connect: float = 60.0,
 ) -> int:
     """Play until the broker closes (or ``max_ticks``); returns the number of ticks played."""
     from clients.game import GameClient
     from clients.transport import BrokerGoneError
 
     game = SimGame(n_movers, n_pickers, seed)
-    client = GameClient(address, game.group_specs(), name=name, token=token)
+    client = GameClient(address, game.group_specs(), name=name, token=token, timeout_connect=timeout_connect)
     try:
         return client.play(game.first_step(), game.apply, max_ticks)
     except BrokerGoneError as exc:
@@ -174,37 +176,63 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="gdrl-broker sim-game", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
-    run_from_args(args)
+    sys.exit(run_from_args(args))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port")
-    parser.add_argument("--movers", type=int, default=4, help="agents in the continuous 'mover' group")
-    parser.add_argument("--pickers", type=int, default=4, help="agents in the discrete 'picker' group")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port or unix:/path")
+    parser.add_argument("--movers", type=int, default=4, help=f"agents in the continuous '{MOVER}' group")
+    parser.add_argument("--pickers", type=int, default=4, help=f"agents in the discrete '{PICKER}' group")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first instance; instance i gets SEED+i")
     parser.add_argument("--instances", type=int, default=1, help="game instances to run, one process each")
-    parser.add_argument("--max-ticks", type=int, default=None, help="stop after this many ticks")
-    parser.add_argument("--name", default=None)
+    parser.add_argument("--max-ticks", type=int, default=None, help="stop after this many ticks (default: never)")
+    parser.add_argument("--name", default=None, help="game name in the broker's log (default: game@HOST:PID)")
     parser.add_argument("--token", default=None, help="shared token, if the broker asks for one")
+    parser.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to keep trying to reach the broker"
+    )
 
 
-def run_from_args(args: argparse.Namespace) -> None:
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the instance(s); the exit code: 0 once the broker closed every game, 1 if one could not play."""
     from broker.log import configure_logging
 
     configure_logging()
     if args.instances == 1:
-        run_sim_game(args.address, args.movers, args.pickers, args.seed, args.name, args.max_ticks, args.token)
-        return
+        return _play_instance(args, args.seed, args.name)
     import multiprocessing
 
     procs = [
-        multiprocessing.Process(
-            target=run_sim_game,
-            args=(args.address, args.movers, args.pickers, args.seed + i, f"sim-{i}", args.max_ticks, args.token),
-        )
+        multiprocessing.Process(target=_instance_process, args=(args, args.seed + i, f"sim-{i}"))
         for i in range(args.instances)
     ]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:
+        for p in procs:
+            p.join()  # each instance got the same Ctrl-C and ends on its own
+        return 130
+    return 0 if all(p.exitcode == 0 for p in procs) else 1
+
+
+def _instance_process(args: argparse.Namespace, seed: int, name: str) -> None:
+    sys.exit(_play_instance(args, seed, name))
+
+
+def _play_instance(args: argparse.Namespace, seed: int, name: str | None) -> int:
+    """One game until the broker closes it: 0; a broker unreachable or gone for good: one line and 1."""
+    from clients.errors import BrokerError
+
+    try:
+        run_sim_game(
+            args.address, args.movers, args.pickers, seed, name, args.max_ticks, args.token, args.connect_timeout
+        )
+    except BrokerError as exc:
+        print(f"gdrl-broker sim-game: {exc}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0

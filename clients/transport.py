@@ -12,7 +12,7 @@ from typing import Final
 import structlog
 
 from broker.protocol.codec import BodyKind
-from broker.protocol.connection import PeerConnection
+from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
 from broker.tuning import tune_allocator
@@ -22,6 +22,14 @@ DEFAULT_PORT = 11008
 DEFAULT_TIMEOUT_RECONNECT: Final = 60.0  # seconds a client waits for a lost broker to come back
 MAX_BACKOFF: Final = 1.0  # longest pause between connection attempts, so a broker that is back is found fast
 HANDSHAKE_TIMEOUT: Final = 10.0  # a broker that accepts but never welcomes us, while reconnecting
+MIN_GREETING_WINDOW: Final = 1.0  # the greeting's share of the connect timeout, when connecting took it all
+RETRY_NOTICE_AFTER: Final = 2.0  # seconds without a broker before saying that we are retrying
+RETRY_NOTICE_EVERY: Final = 10.0  # and again this often, so a long wait is never silent
+NOT_A_BROKER: Final = "not_a_broker"  # something answered at the address, but not with the broker's greeting
+START_BROKER_HINT: Final = "start it with `gdrl-broker serve`, or check the address"
+WRONG_PORT_HINT: Final = (
+    "check the address: give the port `gdrl-broker serve` listens on (default 11008; its --metrics-port is HTTP)"
+)
 # Answers that mean "not yet" while the broker still releases our previous session, or is still starting.
 RETRIED_WHILE_RECONNECTING: Final = frozenset(
     {"connect_failed", "connection_lost", "timeout", ErrorCode.BROKER_FULL.value, ErrorCode.POLICY_TAKEN.value}
@@ -95,13 +103,24 @@ class PeerSocket:
         self.timeout_recv = timeout_recv
         self.closed_by_broker = False  # the broker said goodbye (close or error frame), as on its shutdown
         tune_allocator()
-        self._open(timeout_connect, timeout_recv)
+        try:
+            # The connect timeout covers the greeting and the welcome too: a listener that accepts and
+            # never answers must not hang us.
+            self._open(timeout_connect, None)
+        except BrokerError as exc:
+            raise self._explain_first_failure(exc) from exc
 
     def _open(self, timeout_connect: float, timeout_handshake: float | None) -> None:
-        """Connect (with backoff), say hello and read the welcome, on a fresh protocol state."""
+        """Connect (with backoff), say hello and read the welcome, on a fresh protocol state.
+        ``timeout_handshake`` None: whatever is left of ``timeout_connect`` (at least MIN_GREETING_WINDOW)."""
+        deadline = time.monotonic() + timeout_connect
         self.connection = PeerConnection(self.hello, codec=self.codec)  # msgpack, or Godot Variant as the addon
         self.closed_by_broker = False
+        self._first_bytes = b""  # what the server sent first, to show when it is not the greeting
         self.sock = self._connect_with_backoff(timeout_connect)
+        if timeout_handshake is None:
+            timeout_handshake = max(deadline - time.monotonic(), MIN_GREETING_WINDOW)
+        self.handshake_window = timeout_handshake
         self.sock.settimeout(timeout_handshake)
         self.closed = False
         try:
@@ -119,6 +138,22 @@ class PeerSocket:
             raise BrokerError(ErrorCode.UNEXPECTED_MESSAGE.value, f"expected welcome, got {welcome.TYPE}")
         self.sock.settimeout(self.timeout_recv)
         self.welcome = welcome
+
+    def _explain_first_failure(self, exc: BrokerError) -> BrokerError:
+        """Tell "not a broker" (no greeting, or not the broker's) apart from the broker refusing or closing.
+
+        A broker greets every connection at once, before anything else, even one it refuses."""
+        if exc.code == "connect_failed" or self.connection.state is not State.AWAIT_GREETING:
+            return exc
+        if exc.code == ErrorCode.VERSION_MISMATCH.value:
+            return BrokerError(exc.code, f"the broker at {self.address}: {exc.message}; install the same version")
+        if exc.code == "timeout":
+            what = f"it accepted the connection but sent no greeting within {self.handshake_window:.0f} s"
+        elif exc.code == "connection_lost" and not self._first_bytes:
+            what = "it closed the connection without a greeting"
+        else:
+            what = f"it sent {self._first_bytes[:24]!r} where a broker sends its greeting ({exc.message})"
+        return BrokerError(NOT_A_BROKER, f"{self.address} is not a godot-rl-broker: {what}; {WRONG_PORT_HINT}")
 
     def reconnect(self, timeout: float, cause: BrokerError) -> None:
         """Replace a lost connection: connect and say hello again, with backoff, for up to ``timeout`` s.
@@ -157,16 +192,23 @@ class PeerSocket:
         return on_shutdown and self.closed_by_broker and exc.code in ("closed", ErrorCode.SHUTTING_DOWN.value)
 
     def _connect_with_backoff(self, timeout: float) -> socket.socket:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         delay = 0.05
+        next_notice = started + RETRY_NOTICE_AFTER
         while True:
             try:
                 return _open_socket(self.address, timeout=max(0.1, min(5.0, deadline - time.monotonic())))
             except OSError as exc:
-                if time.monotonic() + delay > deadline:
+                now = time.monotonic()
+                if now + delay > deadline:
                     raise BrokerError(
-                        "connect_failed", f"could not reach the broker at {self.address} within {timeout:.0f} s: {exc}"
+                        "connect_failed",
+                        f"no broker at {self.address} within {timeout:.0f} s ({_reason(exc)}): {START_BROKER_HINT}",
                     ) from exc
+                if now >= next_notice:
+                    next_notice = now + RETRY_NOTICE_EVERY
+                    _log_retrying(self.address, exc, now - started, deadline - now)
                 time.sleep(delay)
                 delay = min(delay * 2, MAX_BACKOFF)
 
@@ -205,6 +247,8 @@ class PeerSocket:
             if not data:
                 self.close()
                 raise BrokerError("connection_lost", f"the broker at {self.address} closed the connection")
+            if not self._first_bytes:
+                self._first_bytes = bytes(data[:64])
             self.connection.receive_data(data)
 
     def close(self, reason: str = "") -> None:
@@ -217,6 +261,20 @@ class PeerSocket:
         except OSError:
             pass
         self.sock.close()
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def _log_retrying(address: Address, exc: OSError, waited: float, left: float) -> None:
+    log.warning(
+        f"no broker at {address} yet; retrying",
+        error=_reason(exc),
+        waited_s=round(waited),
+        gives_up_in_s=round(left),
+        hint=START_BROKER_HINT,
+    )
 
 
 def default_name(kind: str) -> str:

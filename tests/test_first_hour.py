@@ -1,0 +1,116 @@
+"""The first hour of a new user (issue #13), done as the user did it: real processes, real sockets.
+
+Every client pointed at something that is not a broker (a listener that never answers, ``python -m
+http.server``, the broker's own ``--metrics-port``) or at nothing fails within its connect timeout with one
+line naming the address and saying what to do; long waits say what they wait for.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from clients.errors import BrokerError
+from clients.vec_env import BrokerVecEnv
+from tests.helpers import broker_process, python_env, spawn_python
+
+CONNECT_TIMEOUT = 4  # seconds each client is given; the runs below are bounded by HANG_GUARD only
+HANG_GUARD = 120  # a client still running after this long hangs: that is the bug being tested
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_listening(port: int, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"listener exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            subprocess.run(["sleep", "0.05"], check=True)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+SILENT_LISTENER = """
+import socket, sys, time
+server = socket.socket()
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen(64)
+accepted = []
+while True:
+    conn, _ = server.accept()
+    accepted.append(conn)  # accept and never answer
+"""
+
+
+@pytest.fixture(scope="module", params=["silent", "http.server", "metrics-port", "nothing"])
+def not_a_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(kind, "127.0.0.1:PORT") of something that is not a broker, as a real process."""
+    kind = request.param
+    port = free_port()
+    if kind == "nothing":
+        yield kind, f"127.0.0.1:{port}"
+        return
+    if kind == "metrics-port":
+        with broker_process(tmp_path_factory.mktemp("metrics"), "--metrics-port", str(port)):
+            yield kind, f"127.0.0.1:{port}"
+        return
+    if kind == "silent":
+        proc = spawn_python("-c", SILENT_LISTENER, str(port))
+    else:
+        proc = spawn_python("-m", "http.server", str(port), "--bind", "127.0.0.1", stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, proc)
+        yield kind, f"127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def expected_phrase(kind: str) -> str:
+    return "start it with `gdrl-broker serve`" if kind == "nothing" else "is not a godot-rl-broker"
+
+
+CLIENTS = {
+    "gdrl-train": lambda address: ["-m", "clients.train", "--policy", "mover", "--broker", address,
+                                   "--connect-timeout", str(CONNECT_TIMEOUT)],
+    "sim-game": lambda address: ["-m", "broker", "sim-game", "--address", address,
+                                 "--connect-timeout", str(CONNECT_TIMEOUT)],
+    "status": lambda address: ["-m", "broker", "status", "--address", address, "--timeout", str(CONNECT_TIMEOUT)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("client", sorted(CLIENTS))
+def test_a_client_pointed_at_no_broker_fails_with_one_line(client: str, not_a_broker: tuple[str, str]) -> None:
+    kind, address = not_a_broker
+    result = subprocess.run(
+        [sys.executable, *CLIENTS[client](address)],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        timeout=HANG_GUARD,
+    )
+    assert result.returncode != 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    last = lines[-1]
+    assert address in last and expected_phrase(kind) in last, result.stderr
+    # The failure is said once: any earlier lines are the periodic "retrying" notices.
+    assert all("retrying" in line for line in lines[:-1]), result.stderr
+
+
+def test_broker_vec_env_pointed_at_no_broker_raises_one_clear_error(not_a_broker: tuple[str, str]) -> None:
+    kind, address = not_a_broker
+    with pytest.raises(BrokerError) as raised:
+        BrokerVecEnv("mover", address, timeout_connect=CONNECT_TIMEOUT)
+    message = str(raised.value)
+    assert address in message and expected_phrase(kind) in message and "\n" not in message

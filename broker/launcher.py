@@ -42,18 +42,23 @@ class LaunchSpec:
 
 
 def resolve_env_path(env_path: str) -> str:
-    """The executable to run: the path as given, else with the platform's export suffix (as godot_rl adds)."""
+    """The executable to run, as an absolute path: the path as given, else with the platform's export
+    suffix (as godot_rl adds). Absolute, because a bare name (``./game`` turned into ``game`` by Path) would
+    be looked up on PATH. Raises ValueError when there is no such file or it is not executable."""
     path = Path(env_path)
-    if path.is_file():
-        return str(path)
+    found = path if path.is_file() else None
     suffix = PLATFORM_SUFFIX.get(sys.platform)
-    if suffix:
+    if found is None and suffix:
         candidate = path.with_suffix(suffix)
         if suffix == ".app":
             candidate = candidate / "Contents" / "MacOS" / path.stem
         if candidate.is_file():
-            return str(candidate)
-    raise ValueError(f"--env-path {env_path}: no such game executable")
+            found = candidate
+    if found is None:
+        raise ValueError(f"--env-path {env_path}: no such game executable (looked in {Path.cwd()})")
+    if not os.access(found, os.X_OK):
+        raise ValueError(f"--env-path {env_path}: {found} is not executable; make it so with: chmod +x {found}")
+    return os.path.abspath(found)
 
 
 def _number(value: float) -> str:

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from broker.launcher import GameLauncher, LaunchSpec, game_argv, resolve_env_path
 from clients.vec_env import BrokerVecEnv
-from tests.helpers import ROOT, broker_process
+from tests.helpers import ROOT, broker_process, python_env
 
 FAKE_GAME = """#!{python}
 import json, os, sys
@@ -145,3 +146,44 @@ def test_broker_launches_supervises_and_stops_games(tmp_path: Path) -> None:
     log = "".join(p.read_text() for p in tmp_path.glob("broker-*.log"))
     assert "game exited; relaunching" in log and "code=3" in log
     assert game.exists()
+
+
+def serve_with_env_path(cwd: Path, env_path: str, port_file: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "broker", "serve", "--port", "0", "--port-file", str(port_file)]
+    return subprocess.Popen(
+        [*command, "--env-path", env_path], cwd=cwd, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def test_a_relative_env_path_is_launched_as_given(tmp_path: Path) -> None:
+    """`--env-path ./my_game.x86_64` runs that file in the current folder, not a `my_game.x86_64` on PATH."""
+    make_fake_game(tmp_path, crash_seed=-1, crash_after=0).rename(tmp_path / "my_game.x86_64")
+    port_file = tmp_path / "port"
+    broker = serve_with_env_path(tmp_path, "./my_game.x86_64", port_file)
+    try:
+        while not port_file.exists():
+            assert broker.poll() is None, broker.stdout.read() if broker.stdout else ""
+            time.sleep(0.05)
+        env = BrokerVecEnv("shared_policy", f"127.0.0.1:{port_file.read_text()}", timeout_connect=60)
+        assert env.num_envs == 2  # the launched copy joined with its two agents
+        env.close()
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        output, _ = broker.communicate(timeout=30)
+    assert b"cannot launch game" not in output, output.decode()
+    assert str(tmp_path / "my_game.x86_64").encode() in output  # logged as the absolute path it ran
+
+
+@pytest.mark.parametrize("problem", ["missing", "not executable"])
+def test_an_env_path_that_cannot_run_is_one_error_at_start_up(tmp_path: Path, problem: str) -> None:
+    game = tmp_path / "my_game.x86_64"
+    if problem == "not executable":
+        game.write_text("#!/bin/sh\nexit 0\n")
+        game.chmod(0o644)
+    broker = serve_with_env_path(tmp_path, "./my_game.x86_64", tmp_path / "port")
+    output, _ = broker.communicate(timeout=60)  # not a retry loop: it ends by itself
+    lines = output.decode().strip().splitlines()
+    assert broker.returncode == 2 and len(lines) == 1, lines
+    assert "--env-path ./my_game.x86_64" in lines[0]
+    assert ("chmod +x" if problem == "not executable" else "no such game executable") in lines[0]
+    assert not (tmp_path / "port").exists()  # it never listened

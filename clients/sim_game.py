@@ -28,6 +28,7 @@ from broker.protocol.spaces import (
     GroupSpec,
     PolicySpaces,
 )
+from clients.transport import DEFAULT_TIMEOUT_RECONNECT
 
 MOVER: Final = "mover"
 PICKER: Final = "picker"
@@ -156,13 +157,21 @@ def run_sim_game(
     max_ticks: int | None = None,
     token: str | None = None,
     timeout_connect: float = 60.0,
+    timeout_reconnect: float = DEFAULT_TIMEOUT_RECONNECT,
 ) -> int:
     """Play until the broker closes (or ``max_ticks``); returns the number of ticks played."""
     from clients.game import GameClient
     from clients.transport import BrokerGoneError
 
     game = SimGame(n_movers, n_pickers, seed)
-    client = GameClient(address, game.group_specs(), name=name, token=token, timeout_connect=timeout_connect)
+    client = GameClient(
+        address,
+        game.group_specs(),
+        name=name,
+        token=token,
+        timeout_connect=timeout_connect,
+        timeout_reconnect=timeout_reconnect,
+    )
     try:
         return client.play(game.first_step(), game.apply, max_ticks)
     except BrokerGoneError as exc:
@@ -190,6 +199,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help="shared token, if the broker asks for one")
     parser.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to keep trying to reach the broker"
+    )
+    parser.add_argument(
+        "--reconnect-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_RECONNECT,
+        help="seconds to keep reconnecting to a lost broker before giving up (0: never reconnect)",
     )
 
 
@@ -228,7 +243,15 @@ def _play_instance(args: argparse.Namespace, seed: int, name: str | None) -> int
 
     try:
         run_sim_game(
-            args.address, args.movers, args.pickers, seed, name, args.max_ticks, args.token, args.connect_timeout
+            args.address,
+            args.movers,
+            args.pickers,
+            seed,
+            name,
+            args.max_ticks,
+            args.token,
+            args.connect_timeout,
+            args.reconnect_timeout,
         )
     except BrokerError as exc:
         print(f"gdrl-broker sim-game: {exc}", file=sys.stderr, flush=True)

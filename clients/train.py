@@ -14,6 +14,7 @@ import math
 import signal
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -261,6 +262,7 @@ def resolve_options(args: argparse.Namespace) -> Options:
         path = Path(args.resume_model_path)
         if not path.is_file() and not path.with_name(path.name + ".zip").is_file():
             raise ValueError(f"--resume-model-path: no model file at {path}")
+        check_saved_algorithm(path if path.is_file() else path.with_name(path.name + ".zip"), algo)
     if args.inference:
         if not args.resume_model_path:
             raise ValueError("--inference runs a saved model: give it with --resume-model-path")
@@ -277,6 +279,33 @@ def resolve_options(args: argparse.Namespace) -> Options:
     if args.log_every <= 0:
         raise ValueError("--log-every must be positive")
     return Options(algo, hyper, policy_kwargs, timesteps, stepping_options(args))
+
+
+# Attributes that only one algorithm saves in its zip's "data" (A2C's are all shared with PPO).
+ALGORITHM_MARKERS: dict[str, str] = {"clip_range": "ppo", "target_entropy": "sac", "exploration_fraction": "dqn"}
+
+
+def saved_algorithm(path: Path) -> str | None:
+    """The algorithm of an SB3 zip (ppo, a2c, sac, dqn), read from its saved attributes; None if unknown."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            data = json.loads(archive.read("data"))
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None
+    for key, algo in ALGORITHM_MARKERS.items():
+        if key in data:
+            return algo
+    return "a2c" if "n_steps" in data and "gae_lambda" in data else None
+
+
+def check_saved_algorithm(path: Path, algo: str) -> None:
+    """Refuse to resume a model as another algorithm: SB3 would load it and train it wrongly."""
+    saved = saved_algorithm(path)
+    if saved is not None and saved != algo:
+        raise ValueError(
+            f"--resume-model-path {path} holds a {saved.upper()} model, but --algo is {algo}; "
+            f"resume it with --algo {saved} (the default is ppo), or train a new {algo.upper()} model without it"
+        )
 
 
 def stepping_options(args: argparse.Namespace) -> Any:
@@ -455,7 +484,8 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
             stepping=options.stepping,
         )
     except KeyboardInterrupt:
-        return 0
+        _fail(f"stopped by signal while joining the broker at {args.broker} as trainer of '{args.policy}'")
+        return 130
     except (BrokerError, OSError) as exc:
         _fail(f"cannot join the broker at {args.broker} as trainer of '{args.policy}': {exc}")
         return 1

@@ -25,6 +25,7 @@ from clients.spaces import ActionCodec, convert_obs, observation_dict
 from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name
 
 log = structlog.get_logger("gdrl.trainer")
+WAITING_NOTICE_EVERY = 10.0  # seconds between repeats of what a waiting trainer waits for
 
 
 class TrainerLink(Protocol):
@@ -117,7 +118,7 @@ class BrokerVecEnv(VecEnv):
 
     def _await(self, kind: type) -> Message:
         while True:
-            message = self._link.recv()
+            message = self._recv_saying_what_we_wait_for()
             if isinstance(message, kind):
                 return message
             if isinstance(message, Waiting):
@@ -126,6 +127,26 @@ class BrokerVecEnv(VecEnv):
                 self.last_waiting = message.reason
             elif not isinstance(message, (PolicyInfo, Batch)):
                 raise BrokerError("unexpected_message", f"trainer got '{message.TYPE}'")
+
+    def _recv_saying_what_we_wait_for(self) -> Message:
+        """The next message; while the broker has said we wait (for games, say), repeat that every
+        WAITING_NOTICE_EVERY seconds, so a long wait is never silent."""
+        sock = self._socket
+        if sock is None or self.last_waiting is None:
+            return self._link.recv()
+        started = time.monotonic()
+        sock.sock.settimeout(WAITING_NOTICE_EVERY)
+        try:
+            while True:
+                try:
+                    return sock.recv()
+                except BrokerError as exc:
+                    if exc.code != "timeout":
+                        raise
+                    log.info(self.last_waiting, policy=self.policy, waited_s=round(time.monotonic() - started))
+        finally:
+            if not sock.closed:
+                sock.sock.settimeout(sock.timeout_recv)
 
     def _next_batch(self) -> Batch:
         batch = self._await(Batch)

@@ -7,13 +7,17 @@ line naming the address and saying what to do; long waits say what they wait for
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from broker.status import fetch_status
 from clients.errors import BrokerError
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import broker_process, python_env, spawn_python
@@ -114,3 +118,65 @@ def test_broker_vec_env_pointed_at_no_broker_raises_one_clear_error(not_a_broker
         BrokerVecEnv("mover", address, timeout_connect=CONNECT_TIMEOUT)
     message = str(raised.value)
     assert address in message and expected_phrase(kind) in message and "\n" not in message
+
+
+# --- long waits say what they wait for --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("client", ["gdrl-train", "sim-game"])
+def test_with_no_broker_a_client_says_it_is_retrying_and_what_to_do(client: str) -> None:
+    address = f"127.0.0.1:{free_port()}"
+    command = CLIENTS[client](address)
+    command[-1] = "8"  # the connect timeout: long enough for a few retries
+    result = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=python_env(), timeout=120)
+    lines = result.stderr.strip().splitlines()
+    notices = [line for line in lines if "retrying" in line]
+    assert notices and all(address in line and "gdrl-broker serve" in line for line in notices), result.stderr
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "within 8 s" in lines[-1] and "gdrl-broker serve" in lines[-1], result.stderr
+
+
+def read_until(stream: Iterator[bytes], wanted: str, count: int, seen: list[str]) -> None:
+    """Read lines (into ``seen``) until ``count`` of them contain ``wanted``."""
+    while sum(wanted in line for line in seen) < count:
+        line = next(stream, None)
+        assert line is not None, "".join(seen)
+        seen.append(line.decode())
+
+
+def test_a_trainer_waiting_for_games_says_so_periodically_and_exits_130_on_ctrl_c(tmp_path: Path) -> None:
+    with broker_process(tmp_path, "--games", "2") as (_, address):
+        trainer = spawn_python("-m", "clients.train", "--policy", "mover", "--broker", address, stderr=subprocess.PIPE)
+        seen: list[str] = []
+        try:
+            assert trainer.stderr is not None
+            read_until(iter(trainer.stderr.readline, b""), "waiting for games: 0/2", 3, seen)
+            trainer.send_signal(signal.SIGINT)
+            rest = trainer.communicate(timeout=60)[1].decode()
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+                trainer.wait()
+    assert trainer.returncode == 130, [*seen, rest]
+    assert "stopped by signal while joining the broker" in rest and "Traceback" not in rest, rest
+    assert any("waited_s=" in line for line in seen), seen  # the repeats say how long it has waited
+
+
+def test_sim_game_exits_non_zero_after_the_broker_is_gone_for_good(tmp_path: Path) -> None:
+    with broker_process(tmp_path) as (broker, address):
+        game = spawn_python(
+            "-m", "broker", "sim-game", "--address", address, "--reconnect-timeout", "3", stderr=subprocess.PIPE
+        )
+        try:
+            while not any(g["connected"] for g in fetch_status(address)["games"]):
+                assert game.poll() is None
+                time.sleep(0.05)
+            broker.kill()
+            broker.wait()
+            stderr = game.communicate(timeout=120)[1].decode()
+        finally:
+            if game.poll() is None:
+                game.kill()
+                game.wait()
+    assert game.returncode == 1, stderr
+    assert "Traceback" not in stderr and "gave up reconnecting" in stderr.strip().splitlines()[-1], stderr

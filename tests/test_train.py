@@ -19,7 +19,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from clients.train import build_parser, main, parse_net_arch
+from clients.train import build_parser, main, parse_net_arch, saved_algorithm
 from tests.helpers import broker_process, python_env, spawn_python
 
 TRAIN = [sys.executable, "-m", "clients.train"]
@@ -199,6 +199,24 @@ def test_no_broker_is_a_clear_error(tmp_path: Path) -> None:
     result = run_train("--policy", "mover", "--broker", "unix:" + str(tmp_path / "nothing"), "--connect-timeout", "1")
     assert result.returncode == 1
     assert "cannot join the broker" in result.stderr
+
+
+@pytest.mark.parametrize("saved", ["ppo", "a2c", "sac", "dqn"])
+def test_resume_refuses_a_model_of_another_algorithm(tmp_path: Path, saved: str) -> None:
+    """`--algo a2c --resume-model-path mover.zip` on a PPO model would train it as A2C: refused at start."""
+    import gymnasium as gym
+    import stable_baselines3
+
+    env = gym.make("Pendulum-v1" if saved == "sac" else "CartPole-v1")
+    model = getattr(stable_baselines3, saved.upper())("MlpPolicy", env, seed=0, device="cpu")
+    path = tmp_path / "mover.zip"
+    model.save(path)
+    assert saved_algorithm(path) == saved
+    other = "a2c" if saved == "ppo" else "ppo"
+    result = run_train("--policy", "mover", "--algo", other, "--resume-model-path", str(path))
+    assert result.returncode == 2, result.stderr
+    assert f"holds a {saved.upper()} model, but --algo is {other}; resume it with --algo {saved}" in result.stderr
+    assert "cannot join the broker" not in result.stderr  # refused before connecting
 
 
 # --- training -----------------------------------------------------------------------------------

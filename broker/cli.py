@@ -75,10 +75,24 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("GDRL_BROKER_TOKEN"),
         help="shared token every hello must carry (env GDRL_BROKER_TOKEN); required off loopback",
     )
-    parser.add_argument("--max-frame-bytes", type=int, default=defaults.max_frame_bytes)
-    parser.add_argument("--max-pending-bytes", type=int, default=defaults.max_pending_bytes)
-    parser.add_argument("--limit-connections", type=int, default=defaults.limit_connections)
-    parser.add_argument("--timeout-hello", type=float, default=defaults.timeout_hello)
+    parser.add_argument(
+        "--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest frame a peer may send"
+    )
+    parser.add_argument(
+        "--max-pending-bytes",
+        type=int,
+        default=defaults.max_pending_bytes,
+        help="bytes queued for one slow peer before it is dropped",
+    )
+    parser.add_argument(
+        "--limit-connections", type=int, default=defaults.limit_connections, help="most connections at once"
+    )
+    parser.add_argument(
+        "--timeout-hello",
+        type=float,
+        default=defaults.timeout_hello,
+        help="seconds a new connection has to say hello",
+    )
     parser.add_argument(
         "--status-interval",
         type=float,
@@ -89,7 +103,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--stepping",
         choices=["hold", "barrier"],
         default=defaults.stepping,
-        help="default for policies whose trainer does not choose: hold (a game never waits "
+        help="stepping of policies whose trainer does not choose: hold (a game never waits "
         "longer than the deadline for a busy trainer) or barrier (lock-step)",
     )
     parser.add_argument(
@@ -126,7 +140,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve POLICY's agents to an unmodified godot_rl training script listening there (repeatable)",
     )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -7,6 +7,7 @@ line naming the address and saying what to do; long waits say what they wait for
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -180,3 +181,42 @@ def test_sim_game_exits_non_zero_after_the_broker_is_gone_for_good(tmp_path: Pat
                 game.wait()
     assert game.returncode == 1, stderr
     assert "Traceback" not in stderr and "gave up reconnecting" in stderr.strip().splitlines()[-1], stderr
+
+
+# --- small things -------------------------------------------------------------------------------------
+
+
+def test_status_json_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> None:
+    """`gdrl-broker status --json | head`: the reader leaves before the output is written."""
+    with broker_process(tmp_path, "--games", "3") as (_, address):
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # like `head` after its lines: nobody reads any more
+        status = spawn_python("-m", "broker", "status", "--json", "--address", address, stdout=write_end,
+                              stderr=subprocess.PIPE)  # fmt: skip
+        os.close(write_end)
+        stderr = status.communicate(timeout=60)[1].decode()
+    assert status.returncode == 0 and "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+@pytest.mark.parametrize("command", ["sim-game", "serve", "status", "demo"])
+def test_subcommand_help_shows_defaults(command: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "broker", command, "--help"], capture_output=True, text=True, env=python_env()
+    )
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split())
+    expected = {
+        "sim-game": ["'mover' group (default: 4)", "'picker' group (default: 4)", "127.0.0.1:11008)"],
+        "serve": ["(default: 11008)", "(default: hold)"],
+        "status": ["(default: 5.0)", "steps/s", "held"],
+        "demo": ["(default: 2)"],
+    }[command]
+    assert all(phrase in text for phrase in expected), result.stdout
+
+
+def test_demo_output_is_ignored_by_git() -> None:
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "gdrl-demo-output/demo.json"],
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert ignored.returncode == 0

@@ -44,6 +44,7 @@ from broker.protocol.messages import (
     Hello,
     Message,
     PolicyInfo,
+    StepOptions,
     TrainerAct,
     Waiting,
     Welcome,
@@ -314,7 +315,7 @@ class GodotRlTrainerLink(asyncio.Protocol):
 
     def _handle(self, request: TrainerRequest) -> None:
         if isinstance(request, EnvInfoRequest):
-            hello = Hello("trainer", PROTOCOL_VERSION, self.label, policy=self.policy)
+            hello = Hello("trainer", PROTOCOL_VERSION, self.label, policy=self.policy, stepping=self._stepping())
             self.trainer = self.hub.add_trainer(self, hello)  # may answer with PolicyInfo right away
         elif isinstance(request, ResetRequest):
             assert self.trainer is not None
@@ -331,6 +332,13 @@ class GodotRlTrainerLink(asyncio.Protocol):
         elif isinstance(request, CloseRequest):
             log.info("godot_rl trainer said close", peer=self.label, policy=self.policy)
             self.close()
+
+    def _stepping(self) -> StepOptions:
+        """Lock-step for a godot_rl script's policy, as godot_rl itself steps: its SB3 knows nothing of held
+        ticks (``frames``) and has no fresh start after an update, so under hold most of its transitions
+        would span many ticks (docs/migration.md). ``--deadline-ms`` still bounds the wait, then holds."""
+        config = self.connector.server.config
+        return StepOptions("barrier", config.deadline_ms, config.hold_action)
 
     def _call_answered(self, returns: list[Any]) -> None:
         if not self.closing and self.transport is not None:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def status(address: str) -> dict:  # type: ignore[type-arg]
+def status(address: str) -> dict[str, Any]:
     result = subprocess.run(
         [sys.executable, "-m", "broker", "status", "--address", address, "--json"],
         capture_output=True, text=True, timeout=60, env=python_env(), check=True,

@@ -31,13 +31,14 @@ def render_table(status: dict[str, Any]) -> str:
         f"broker up {status.get('uptime_s', 0):.0f} s, {status.get('connections', 0)} connections, "
         f"games {connected}/{len(games)}",
         "",
-        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'mode':<8} {'steps/s':>9} {'ticks/s':>8} "
+        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'state':<30} {'mode':<8} {'steps/s':>9} {'ticks/s':>8} "
         f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
     ]
     for name, p in status.get("policies", {}).items():
         reward = p.get("mean_episode_reward")
+        state = p.get("state") or ("training" if p.get("trainer") else "no trainer")
         lines.append(
-            f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {p['mode']:<8} "
+            f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
             f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
             f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
             f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
@@ -46,9 +47,11 @@ def render_table(status: dict[str, Any]) -> str:
 
 
 PROMETHEUS_FIELDS = {
-    "agents": ("gdrl_policy_agents", "gauge", "VecEnv slots of the policy"),
+    "agents": ("gdrl_policy_agents", "gauge", "agents of the policy in the games connected now"),
+    "envs": ("gdrl_policy_envs", "gauge", "VecEnv slots of the policy (0 until every game slot has been filled)"),
+    "trainer": ("gdrl_policy_trainer_connected", "gauge", "1 while a trainer for the policy is connected"),
     "env_steps": ("gdrl_policy_env_steps_total", "counter", "env steps delivered to the trainer"),
-    "steps_per_s": ("gdrl_policy_steps_per_second", "gauge", "env steps per second (10 s window)"),
+    "steps_per_s": ("gdrl_policy_steps_per_second", "gauge", "env steps per second (last 10 s)"),
     "game_ticks_per_s": ("gdrl_policy_game_ticks_per_second", "gauge", "game ticks carrying the policy per second"),
     "mean_episode_reward": ("gdrl_policy_mean_episode_reward", "gauge", "mean of the last 100 episode returns"),
     "episodes": ("gdrl_policy_episodes_total", "counter", "episodes ended"),
@@ -74,6 +77,8 @@ def prometheus_text(status: dict[str, Any]) -> str:
         out += [f"# HELP {metric} {help_text}.", f"# TYPE {metric} {kind}"]
         for name, p in policies.items():
             value = p.get(field_name)
+            if field_name == "trainer":
+                value = 1 if value else 0
             if value is not None:
                 out.append(f"{metric}{{policy={json.dumps(name)}}} {float(value)}")
     return "\n".join(out) + "\n"

@@ -68,7 +68,29 @@ RESPONSE_MARGIN = 4.0  # default hold deadline: at least this many typical answe
 # the others' steps (and their deadlines), which would otherwise feed back into ever longer deadlines.
 MAX_ADAPTIVE_DEADLINE_MS = 100.0
 ROUND_WAIT_CAP_S = 0.5  # longest a hold-mode game waits for the other games of a round
+# A game none of whose policies has a trainer gets at most one reply per this many seconds (hold mode):
+# nobody learns from those ticks, so running them flat out only takes CPU from the trainers.
+IDLE_TICK_S = 0.1
+STALL_REPORT_S = 5.0  # a barrier game waiting this long is logged, and waiting trainers are told why
 Scheduler = Callable[[float, Callable[[], None]], Any]  # (delay in seconds, callback) -> handle
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Games waiting, with no deadline, for one policy's actions (barrier stepping)."""
+
+    reason: str  # "no trainer", or what its trainer is doing
+    slots: tuple[int, ...]
+    seconds: float  # the longest of those waits
+    mode: str
+
+    @property
+    def games(self) -> str:
+        return ",".join(str(s) for s in self.slots)
+
+    def games_text(self, policy: str) -> str:
+        waited = f"{self.seconds:.0f} s"
+        return f"games {self.games} wait for policy '{policy}' ({self.reason}, {self.mode} stepping) for {waited}"
 
 
 class Link(Protocol):
@@ -96,6 +118,9 @@ class GameSession:
     armed: set[str] = field(default_factory=set)  # policies whose deadline timer runs for this tick
     last_actions: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     steps: int = 0
+    waiting_since: float = 0.0  # when the tick awaiting its reply arrived
+    last_reply_at: float = float("-inf")  # when the game last got actions (idle pacing)
+    idle_armed: bool = False  # an idle-pacing timer runs for the waiting tick
 
     @property
     def label(self) -> str:
@@ -181,6 +206,8 @@ class Hub:
         self.waiting_trainers: list[TrainerSession] = []  # for policies not yet announced
         self.layout_complete = False
         self._next_peer_id = 1
+        self.idle_tick_s = IDLE_TICK_S
+        self._stall_check_armed = False
 
     # --- joining ---------------------------------------------------------------------------------
 
@@ -360,8 +387,10 @@ class Hub:
             policy.metrics.ticks_rate.add(now, policy.metrics.group_ticks)
         game.awaiting = True
         game.tick = step.tick
+        game.waiting_since = now
         game.released = set()
         game.armed = set()
+        game.idle_armed = False
         game.next_tick += 1
         game.steps += 1
         for name in step.groups:
@@ -449,6 +478,10 @@ class Hub:
         if waiting:
             for policy in waiting:
                 self._arm_deadline(game, policy)
+                if policy.deadline_s is None:
+                    self._watch_stalls()
+            return
+        if self._pace_idle(game, held):
             return
         groups: dict[str, dict[str, np.ndarray]] = {}
         for name in game.groups:
@@ -462,9 +495,92 @@ class Hub:
         for name in held:
             self.policies[name].metrics.held_ticks += 1
         game.awaiting = False
+        game.last_reply_at = self.clock()
         game.link.send(GameActions(game.tick, groups))
         for name in groups:
             self._try_emit(self.policies[name])
+
+    def _pace_idle(self, game: GameSession, held: list[str]) -> bool:
+        """Hold the reply back when no policy of the game has a trainer and the game had one recently.
+
+        Only a game whose every group is held for want of a trainer is paced; a busy trainer's holds and
+        any game with a trainer at work keep their timing. Returns True when the reply is deferred.
+        """
+        if self.scheduler is None or len(held) != len(game.groups):
+            return False
+        if any(self.policies[name].trainer is not None for name in held):
+            return False
+        wait = game.last_reply_at + self.idle_tick_s - self.clock()
+        if wait <= 0:
+            return False
+        if not game.idle_armed:
+            game.idle_armed = True
+            self.scheduler(wait, functools.partial(self._idle_tick_due, game, game.tick))
+        return True
+
+    def _idle_tick_due(self, game: GameSession, tick: int) -> None:
+        if game.awaiting and game.tick == tick and self.slots[game.slot].game is game:
+            game.idle_armed = False
+            self._try_reply(game)
+
+    # --- stalls (barrier stepping) ---------------------------------------------------------------
+
+    def _watch_stalls(self) -> None:
+        """A game waits for a policy with no deadline: check back later, and say why if it still waits."""
+        if self.scheduler is not None and not self._stall_check_armed:
+            self._stall_check_armed = True
+            self.scheduler(STALL_REPORT_S, self.report_stalls)
+
+    def stalls(self, min_wait_s: float = STALL_REPORT_S) -> dict[str, Stall]:
+        """Policies that games have waited on, with no deadline, for ``min_wait_s`` or more."""
+        now = self.clock()
+        waiting: dict[str, list[GameSession]] = {}
+        for slot in self.slots:
+            game = slot.game
+            if game is None or not game.awaiting or now - game.waiting_since < min_wait_s:
+                continue
+            for name in game.groups:
+                policy = self.policies[name]
+                if name not in game.ready and policy.deadline_s is None and not self._may_hold(game, policy):
+                    waiting.setdefault(name, []).append(game)
+        return {
+            name: Stall(
+                self._stall_reason(self.policies[name], now),
+                tuple(g.slot for g in games),
+                now - min(g.waiting_since for g in games),
+                self.policies[name].options.mode,
+            )
+            for name, games in waiting.items()
+        }
+
+    def _stall_reason(self, policy: PolicyState, now: float) -> str:
+        trainer = policy.trainer
+        if trainer is None:
+            joined = self.trainers.get(policy.name)
+            return f"trainer '{joined.name or joined.link.label}' waits for games" if joined else "no trainer"
+        who = trainer.name or trainer.link.label
+        if policy.outstanding is not None:
+            waited = now - policy.outstanding_since
+            return f"trainer '{who}' has not answered batch {policy.outstanding.step} for {waited:.0f} s"
+        return f"trainer '{who}' waits for the other games' steps"
+
+    def report_stalls(self) -> None:
+        """Log each stalled policy, and tell every trainer waiting for a batch what its games wait for."""
+        self._stall_check_armed = False
+        stalls = self.stalls()
+        for name, stall in stalls.items():
+            log.warning(
+                f"policy {name}: {stall.reason}; games {stall.games} wait ({stall.mode})", waited_s=round(stall.seconds)
+            )
+        connected = self.games_connected()
+        for trainer in self.trainers.values():
+            others = [f"{stall.games_text(name)}" for name, stall in stalls.items() if name != trainer.policy]
+            if others and trainer.wants_batch and trainer.informed:
+                reason = "waiting for game steps: " + "; ".join(others)
+                trainer.last_waiting = (connected, reason)
+                trainer.link.send(Waiting(trainer.policy, connected, self.expected_games, reason))
+        if self.stalls(min_wait_s=0.0):
+            self._watch_stalls()
 
     @staticmethod
     def _noop(spec: GroupSpec) -> dict[str, np.ndarray]:
@@ -573,14 +689,17 @@ class Hub:
     def games_connected(self) -> int:
         return sum(1 for s in self.slots if s.game is not None)
 
-    def _tell_waiting(self, trainer: TrainerSession) -> None:
+    def _waiting_reason(self, policy: str) -> str:
         connected = self.games_connected()
         if connected < self.expected_games:
-            reason = f"waiting for games: {connected}/{self.expected_games}"
-        elif trainer.policy not in self.policies:
-            reason = "waiting for a game that announces this policy"
-        else:
-            reason = "waiting for game steps"
+            return f"waiting for games: {connected}/{self.expected_games}"
+        if policy not in self.policies:
+            return "waiting for a game that announces this policy"
+        return "waiting for game steps"
+
+    def _tell_waiting(self, trainer: TrainerSession) -> None:
+        connected = self.games_connected()
+        reason = self._waiting_reason(trainer.policy)
         if trainer.last_waiting == (connected, reason):
             return
         trainer.last_waiting = (connected, reason)
@@ -603,8 +722,37 @@ class Hub:
                 }
                 for s in self.slots
             ],
-            "policies": {
-                p.name: p.metrics.status(p.n_envs, p.trainer.name if p.trainer else None, p.options.mode)
-                for p in self.policies.values()
-            },
+            "policies": self._policies_status(),
         }
+
+    def _policies_status(self) -> dict[str, dict[str, Any]]:
+        """Every policy a game announced or a trainer asked for, with who is there and what it waits for."""
+        now = self.clock()
+        stalls = self.stalls()
+        names = list(self.policies) + [p for p in self.trainers if p not in self.policies]
+        out = {}
+        for name in names:
+            policy = self.policies.get(name)
+            trainer = self.trainers.get(name)
+            agents = sum(
+                s.game.groups[name].n_agents for s in self.slots if s.game is not None and name in s.game.groups
+            )
+            if trainer is None:
+                state = "no trainer"
+            elif policy is None or policy.trainer is not trainer:
+                state = self._waiting_reason(name)
+            elif name in stalls:
+                state = f"stalled: {stalls[name].reason}"
+            else:
+                state = "training"
+            options = policy.options if policy else (trainer.options if trainer else None) or self.default_stepping
+            metrics = policy.metrics if policy else PolicyMetrics()
+            out[name] = metrics.status(
+                now,
+                agents=agents,
+                envs=policy.n_envs if policy else 0,
+                trainer=(trainer.name or trainer.link.label) if trainer else None,
+                state=state,
+                mode=options.mode,
+            )
+        return out

@@ -12,7 +12,7 @@ from broker.protocol.messages import StepData
 
 
 class RateMeter:
-    """Events per second over a sliding window."""
+    """Events per second over the sliding window that ends now: it falls to 0 once events stop."""
 
     def __init__(self, window_s: float = 10.0) -> None:
         self.window_s = window_s
@@ -20,14 +20,22 @@ class RateMeter:
 
     def add(self, now: float, total: int) -> None:
         self.marks.append((now, total))
-        while len(self.marks) > 2 and now - self.marks[0][0] > self.window_s:
+        self._forget(now)
+
+    def _forget(self, now: float) -> None:
+        """Keep the marks inside the window, plus the newest one before it as the baseline."""
+        while len(self.marks) > 1 and now - self.marks[1][0] >= self.window_s:
             self.marks.popleft()
 
-    def rate(self) -> float:
-        if len(self.marks) < 2:
+    def rate(self, now: float) -> float:
+        self._forget(now)
+        if not self.marks:
             return 0.0
-        (t0, n0), (t1, n1) = self.marks[0], self.marks[-1]
-        return (n1 - n0) / (t1 - t0) if t1 > t0 else 0.0
+        t0, n0 = self.marks[0]
+        t1, n1 = self.marks[-1]
+        if now - t1 >= self.window_s:  # nothing inside the window: only the baseline is left
+            return 0.0
+        return (n1 - n0) / (now - t0) if now > t0 else 0.0
 
 
 @dataclass
@@ -63,14 +71,13 @@ class PolicyMetrics:
             self.episode_count += len(ended)
             self.returns[ended] = 0.0
 
-    def status(self, agents: int, trainer: str | None, mode: str) -> dict[str, Any]:
+    def status(self, now: float, **state: Any) -> dict[str, Any]:
+        """The numbers, after ``state`` (agents, envs, trainer, state, mode: what the hub knows)."""
         return {
-            "agents": agents,
-            "trainer": trainer,
-            "mode": mode,
+            **state,
             "env_steps": self.env_steps,
-            "steps_per_s": round(self.steps_rate.rate(), 1),
-            "game_ticks_per_s": round(self.ticks_rate.rate(), 1),
+            "steps_per_s": round(self.steps_rate.rate(now), 1),
+            "game_ticks_per_s": round(self.ticks_rate.rate(now), 1),
             "mean_episode_reward": round(float(np.mean(self.episodes)), 4) if self.episodes else None,
             "episodes": self.episode_count,
             "held_fraction": round(self.held_ticks / self.group_ticks, 4) if self.group_ticks else 0.0,

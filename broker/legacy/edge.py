@@ -31,6 +31,7 @@ from broker.legacy.godot_rl_trainer import (
     ResetRequest,
     TrainerRequest,
 )
+from broker.legacy.wire import encode_message
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.connection import LegacyMessage
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
@@ -43,6 +44,7 @@ from broker.protocol.messages import (
     Hello,
     Message,
     PolicyInfo,
+    StepOptions,
     TrainerAct,
     Waiting,
     Welcome,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gdrl.legacy")
 
 DEFAULT_TIMEOUT_CALL: Final = 30.0
+REFUSAL_GRACE_S: Final = 2.0  # how long a refused plugin game has to answer the reason before we close
 
 
 def _is_loopback(peer: PeerProtocol) -> bool:
@@ -70,6 +73,10 @@ def _is_loopback(peer: PeerProtocol) -> bool:
 
 
 # --- plugin games on our port ---------------------------------------------------------------------
+
+
+def _drop(message: Message) -> None:
+    """What a refused plugin game gets from the hub: nothing."""
 
 
 class GodotRlGamePeer:
@@ -166,13 +173,46 @@ class GodotRlGames:
         self.server = server
         self.timeout_call = timeout_call
         self._peers: weakref.WeakKeyDictionary[PeerProtocol, GodotRlGamePeer] = weakref.WeakKeyDictionary()
+        self._refused: weakref.WeakSet[PeerProtocol] = weakref.WeakSet()  # told why; closed once they answer
 
     def __call__(self, peer: PeerProtocol, event: LegacyMessage) -> None:
-        game = self._peers.get(peer)
-        if game is None:
-            game = GodotRlGamePeer(self.server, peer)
-            self._peers[peer] = game
-        game.receive(event.body)
+        if peer in self._refused:  # the game's answer to our reason: now say goodbye
+            self._goodbye(peer)
+            return
+        try:
+            game = self._peers.get(peer)
+            if game is None:
+                game = GodotRlGamePeer(self.server, peer)
+                self._peers[peer] = game
+            game.receive(event.body)
+        except RemoteProtocolError as exc:
+            self.refuse(peer, exc)
+
+    def refuse(self, peer: PeerProtocol, exc: RemoteProtocolError) -> None:
+        """Tell a plugin game why it is refused, in words the plugin prints, then close it.
+
+        The plugin shows no text of ours, and an unknown message type would hang it; but it runs
+        ``call`` requests as a method name on each agent, and Godot prints a missing method's name:
+        ``SCRIPT ERROR: Invalid call. Nonexistent function 'gdrl-broker refused this game (...)...'``.
+        After it answers (or ``REFUSAL_GRACE_S``), ``close`` makes the plugin quit its game.
+        """
+        log.warning("godot_rl game refused", peer=peer.label, code=exc.code.value, error=exc.message)
+        if peer.game is not None:
+            self.server.hub.remove_game(peer.game)
+            peer.game = None
+        self._peers.pop(peer, None)
+        peer.legacy_send = _drop  # the hub has nothing more to say to it
+        peer.legacy_close = functools.partial(self._goodbye, peer)
+        self._refused.add(peer)
+        reason = f"gdrl-broker refused this game ({exc.code.value}): {exc.message}"
+        peer.send_raw(encode_message({"type": "call", "method": reason}))
+        asyncio.get_running_loop().call_later(REFUSAL_GRACE_S, self._goodbye, peer)
+
+    def _goodbye(self, peer: PeerProtocol) -> None:
+        if peer in self._refused:
+            self._refused.discard(peer)
+            peer.send_raw(encode_message({"type": "close"}))
+            peer.close()
 
     def games_with(self, policy: str) -> list[GodotRlGamePeer]:
         """Live plugin games that have agents of ``policy``, in slot order."""
@@ -275,7 +315,7 @@ class GodotRlTrainerLink(asyncio.Protocol):
 
     def _handle(self, request: TrainerRequest) -> None:
         if isinstance(request, EnvInfoRequest):
-            hello = Hello("trainer", PROTOCOL_VERSION, self.label, policy=self.policy)
+            hello = Hello("trainer", PROTOCOL_VERSION, self.label, policy=self.policy, stepping=self._stepping())
             self.trainer = self.hub.add_trainer(self, hello)  # may answer with PolicyInfo right away
         elif isinstance(request, ResetRequest):
             assert self.trainer is not None
@@ -292,6 +332,13 @@ class GodotRlTrainerLink(asyncio.Protocol):
         elif isinstance(request, CloseRequest):
             log.info("godot_rl trainer said close", peer=self.label, policy=self.policy)
             self.close()
+
+    def _stepping(self) -> StepOptions:
+        """Lock-step for a godot_rl script's policy, as godot_rl itself steps: its SB3 knows nothing of held
+        ticks (``frames``) and has no fresh start after an update, so under hold most of its transitions
+        would span many ticks (docs/migration.md). ``--deadline-ms`` still bounds the wait, then holds."""
+        config = self.connector.server.config
+        return StepOptions("barrier", config.deadline_ms, config.hold_action)
 
     def _call_answered(self, returns: list[Any]) -> None:
         if not self.closing and self.transport is not None:

@@ -6,8 +6,13 @@ and trainer share the hub:
 
 * sans-IO: a ``BrokerConnection`` and the ``Hub`` with fake links. Only RemoteProtocolError may escape,
   from the decoders or from the hub.
-* the server's own ``PeerProtocol`` over a fake transport (native and godot_rl JSON bodies): no input
-  may reach its "internal error" path, and every error frame it writes carries a known code.
+* the server's own ``PeerProtocol`` over a fake transport (msgpack, Godot Variant and godot_rl JSON
+  bodies, the JSON with hostile tokens: 400-digit integers, lone surrogates, NaN, numeric strings, nesting
+  past every limit): no input may reach its "internal error" path, every error frame it writes carries a
+  known code, and error frames and log lines stay under 1 KiB.
+
+Every message the hub sends to a fake link must be encodable as msgpack, Godot Variant and godot_rl JSON:
+whatever a peer got accepted (infos with uint64 or deep nesting, say) would otherwise cut another peer.
 
 After every example the hub is consistent: the fuzzed peer's session is released, the good pair steps on,
 and the slot or policy the fuzzed peer used serves an honest peer again.
@@ -27,10 +32,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.core.hub import GameSession, Hub, TrainerSession
-from broker.protocol import PROTOCOL_VERSION
+from broker.legacy.wire import encode_message
+from broker.protocol import PROTOCOL_VERSION, variant
 from broker.protocol.arrays import DTYPES
+from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_body
 from broker.protocol.connection import BrokerConnection, LegacyMessage
-from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import encode_frame
 from broker.protocol.messages import (
     Batch,
@@ -67,6 +74,11 @@ class FakeLink:
         self.closed_with: Error | Close | bool | None = False
 
     def send(self, message: Message) -> None:
+        """Whatever the hub sends must be encodable in every codec a real peer might speak."""
+        wire = message.to_wire()
+        encode_body(BodyKind.MSGPACK, wire)
+        encode_body(BodyKind.GODOT, wire)
+        encode_message(wire)  # godot_rl JSON (what the adapters forward of a batch: its infos)
         self.sent.append(message)
 
     def close(self, error: Error | Close | None = None) -> None:
@@ -193,6 +205,18 @@ values = st.recursive(
 
 
 @st.composite
+def deep_values(draw: st.DrawFn) -> Any:
+    """A value nested 10 to 40 levels deep in lists and maps: past what an info may hold, or a codec."""
+    value: Any = draw(scalars)
+    for _ in range(draw(st.integers(10, 40))):
+        value = [value] if draw(st.booleans()) else {draw(st.text(max_size=2)): value}
+    return value
+
+
+info_values = values | deep_values() | st.integers(2**63, 2**64 - 1)
+
+
+@st.composite
 def plausible_rows(draw: st.DrawFn, n_default: int = 2, width_default: int = 2) -> Any:
     """Step data for the "other" group, usually right, often bent in one or two places."""
     n = draw(st.sampled_from([n_default] * 4 + [0, 1, 3]))
@@ -212,7 +236,10 @@ def plausible_rows(draw: st.DrawFn, n_default: int = 2, width_default: int = 2) 
         final = np.zeros((len(index), draw(st.sampled_from([width, width + 1]))), np.float32)
         wire["final"] = {"index": wire_array(np.array(index, np.int32)), "obs": {"obs": wire_array(final)}}
     if draw(st.booleans()):
-        wire["infos"] = draw(st.dictionaries(st.integers(-1, n + 1) | st.text(max_size=3), values, max_size=3))
+        info = st.dictionaries(
+            st.text(max_size=3) | st.integers(-3, 3) | st.binary(max_size=2), info_values, max_size=3
+        )
+        wire["infos"] = draw(st.dictionaries(st.integers(-1, n + 1) | st.text(max_size=3), info | values, max_size=3))
     if draw(st.booleans()):
         wire["frames"] = wire_array(np.array(draw(st.lists(st.integers(-1, 5), min_size=n, max_size=n)), np.int32))
     if draw(st.integers(0, 5)) == 0:  # one field replaced by anything
@@ -269,10 +296,21 @@ def hello_for(prefix: str) -> dict[str, Any] | None:
     return None
 
 
-def stream(prefix: str, maps: list[Any], tail: bytes = b"") -> bytes:
+def stream(prefix: str, maps: list[Any], tail: bytes = b"", godot: bool = False) -> bytes:
+    """The frames of one peer: msgpack bodies, or (``godot``) Godot Variant ones where Variant can carry
+    the map (else msgpack, which that peer may not switch to)."""
     hello = hello_for(prefix)
     bodies = ([hello] if hello else []) + maps
-    return b"".join(encode_frame(msgpack.packb(m, use_bin_type=True)) for m in bodies) + tail
+    return b"".join(encode_frame(body_of(m, godot)) for m in bodies) + tail
+
+
+def body_of(message: Any, godot: bool) -> bytes:
+    if godot:
+        try:
+            return variant.encode(message)
+        except (LocalProtocolError, TypeError, ValueError):
+            pass
+    return bytes(msgpack.packb(message, use_bin_type=True))
 
 
 def role_of(prefix: str) -> str | None:
@@ -337,11 +375,11 @@ class SansIOPeer:
 
 
 @fuzz(1200)
-@given(prefixes, st.lists(messages, max_size=6), st.integers(1, 64))
-def test_message_maps_through_connection_and_hub(prefix: str, maps: list[Any], chunk: int) -> None:
+@given(prefixes, st.lists(messages, max_size=6), st.integers(1, 64), st.booleans())
+def test_message_maps_through_connection_and_hub(prefix: str, maps: list[Any], chunk: int, godot: bool) -> None:
     with structlog.testing.capture_logs():  # quiet: thousands of examples
         world = World.make(occupied=prefix == "trainer")
-        SansIOPeer(world.hub).feed(stream(prefix, maps), chunk)
+        SansIOPeer(world.hub).feed(stream(prefix, maps, godot=godot), chunk)
         world.check(role_of(prefix))
 
 
@@ -413,6 +451,55 @@ def legacy_bodies() -> st.SearchStrategy[bytes]:
     return env_info.map(encode) | st.binary(max_size=40).map(lambda b: b"{" + b)
 
 
+def legacy_streams() -> st.SearchStrategy[list[bytes]]:
+    return st.lists(legacy_bodies(), max_size=3) | legacy_session()
+
+
+HOSTILE_JSON = [
+    "1" * 400,
+    str(10**30),
+    str(2**63),
+    '"\\ud800"',
+    '"\\udfff x"',
+    '"1.5"',
+    "NaN",
+    "Infinity",
+    "-1e400",
+    "[" * 40 + "1" + "]" * 40,
+    "[" * 50_000,
+    "{}",
+    "0.5",
+    "true",
+]
+json_tokens = st.sampled_from(HOSTILE_JSON) | st.floats(-10, 10).map(repr) | st.integers(-3, 2**40).map(str)
+
+
+@st.composite
+def legacy_session(draw: st.DrawFn) -> list[bytes]:
+    """A plugin game's env_info, reset and step replies as JSON text, with hostile tokens where any JSON
+    value may go: huge or 400-digit integers, lone surrogates (in keys, values and policy names), numeric
+    strings, NaN and infinities, nesting beyond every limit."""
+    token = draw(json_tokens)
+    name = draw(st.sampled_from(['"other"'] * 4 + ['"\\ud800"', token]))
+    env_info = (
+        '{"type": "env_info", "n_agents": 2, '
+        '"observation_space": {"obs": {"size": [2], "space": "box", "low": -5.0, "high": 5.0}}, '
+        '"action_space": {"move": {"size": 2, "action_type": "continuous"}}, '
+        f'"agent_policy_names": [{name}, {name}]}}'
+    )
+
+    def obs() -> str:
+        return f'[{{"obs": [{draw(json_tokens)}, 0.5]}}, {{"obs": [0.5, 0.5]}}]'
+
+    bodies = [env_info, f'{{"type": "reset", "obs": {obs()}}}']
+    for _ in range(draw(st.integers(0, 3))):
+        key = draw(st.sampled_from(['"k"', '"\\ud800"', '"TimeLimit.truncated"']))
+        info = f"[{{{key}: {draw(json_tokens)}}}, {{}}]"
+        reward = f"[{draw(json_tokens)}, 0.0]"
+        bodies.append(f'{{"type": "step", "obs": {obs()}, "reward": {reward}, "done": [false, false], "info": {info}}}')
+    return [body.encode("ascii") for body in bodies]
+
+
 async def _through_peer_protocol(world: World, data: bytes, chunk: int) -> tuple[PeerProtocol, FakeTransport]:
     server = BrokerServer(ServerConfig(port=0, status_interval=0, max_frame_bytes=1 << 16), hub=world.hub)
     protocol = PeerProtocol(server)
@@ -428,24 +515,27 @@ async def _through_peer_protocol(world: World, data: bytes, chunk: int) -> tuple
 @given(
     prefixes,
     st.lists(messages, max_size=5),
-    st.lists(legacy_bodies(), max_size=3),
+    legacy_streams(),
     st.booleans(),
     st.integers(1, 64),
+    st.booleans(),
 )
 def test_peer_protocol_never_fails_internally(
-    prefix: str, maps: list[Any], legacy: list[bytes], as_legacy: bool, chunk: int
+    prefix: str, maps: list[Any], legacy: list[bytes], as_legacy: bool, chunk: int, godot: bool
 ) -> None:
     role = None if as_legacy else role_of(prefix)
     with structlog.testing.capture_logs():
         world = World.make(occupied=role == "trainer")
-    data = b"".join(encode_frame(body) for body in legacy) if as_legacy else stream(prefix, maps)
+    data = b"".join(encode_frame(body) for body in legacy) if as_legacy else stream(prefix, maps, godot=godot)
     with structlog.testing.capture_logs() as logs:
         _, transport = asyncio.run(_through_peer_protocol(world, data, chunk))
     assert not [e for e in logs if e["log_level"] in ("error", "critical") or e["event"] == "internal error"], logs
+    assert all(len(repr(e)) <= 1024 for e in logs if e["event"] == "peer error"), logs  # never the value whole
     for body in written_frames(bytes(transport.written)):
         if body[:1] != b"{":
-            message = msgpack.unpackb(body, raw=False, strict_map_key=False)
+            message = decode_body(body_kind(body), body)
             if message.get("type") == "error":
                 assert message["code"] in KNOWN_CODES and message["code"] != "internal", message
+                assert len(body) <= 1024, message
     with structlog.testing.capture_logs():
         world.check(role)

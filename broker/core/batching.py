@@ -16,6 +16,9 @@ def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
     if target.kind == "f" and array.dtype.kind == "f":
         return array.astype(target)
     if target.kind == "i" and array.dtype.kind in "iu":
+        limits = np.iinfo(target)
+        if array.size and (array.min() < limits.min or array.max() > limits.max):
+            return array  # a cast would wrap (2**32 + 2 -> 2): check_rows judges the values as they came
         return array.astype(target)
     return array  # check_rows reports the wrong dtype
 

@@ -49,8 +49,8 @@ from broker.legacy.wire import (
     policy_spaces_from_godot,
 )
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
-from broker.protocol.messages import GameActions, GameStep, Hello, StepData
+from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
+from broker.protocol.messages import GameActions, GameStep, Hello, StepData, check_info
 from broker.protocol.spaces import MAX_AGENTS, DiscreteAction, GroupSpec, PolicySpaces
 
 INFO_TRUNCATED: Final = "TimeLimit.truncated"
@@ -131,7 +131,7 @@ class GodotRlGame:
     def _env_info(self, body: dict[str, Any]) -> Hello:
         n = body.get("n_agents")
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_AGENTS:
-            raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"env_info.n_agents must be an integer, got {n!r}")
+            raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"env_info.n_agents must be an integer, got {summarize(n)}")
         if n == 0:
             raise RemoteProtocolError(
                 ErrorCode.BAD_HELLO,
@@ -215,6 +215,7 @@ class GodotRlGame:
         for row, i in enumerate(agents):
             rest = {k: v for k, v in infos[i].items() if k not in (INFO_TRUNCATED, INFO_TERMINAL_OBS)}
             if rest:
+                check_info(rest, f"{what}.info[{i}]")
                 extra[row] = rest
         return StepData(
             obs,

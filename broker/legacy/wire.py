@@ -24,7 +24,7 @@ from typing import Any, Final
 import numpy as np
 
 from broker.protocol.codec import BodyKind, body_kind, unpack_json
-from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.spaces import (
     BoxSpace,
@@ -32,6 +32,7 @@ from broker.protocol.spaces import (
     DiscreteAction,
     DiscreteSpace,
     PolicySpaces,
+    check_finite,
 )
 
 GODOT_RL_MAJOR: Final = "0"
@@ -89,7 +90,7 @@ class MessageDecoder:
 def message_type(body: dict[str, Any]) -> str:
     kind = body.get("type")
     if not isinstance(kind, str):
-        raise RemoteProtocolError(ErrorCode.MALFORMED, f"godot_rl message without a string 'type': {kind!r}")
+        raise RemoteProtocolError(ErrorCode.MALFORMED, f"godot_rl message without a string 'type': {summarize(kind)}")
     return kind
 
 
@@ -114,13 +115,13 @@ def _shape(size: Any, what: str) -> list[int]:
         return [size]
     if isinstance(size, list):
         return size
-    raise _bad_spaces(f"{what}.size must be a list of dimensions, got {size!r}")
+    raise _bad_spaces(f"{what}.size must be a list of dimensions, got {summarize(size)}")
 
 
 def observation_wire(key: str, space: Any, what: str) -> dict[str, Any]:
     """One godot_rl observation space as our wire form (validated later by ``PolicySpaces.from_wire``)."""
     if not isinstance(space, dict):
-        raise _bad_spaces(f"{what}: expected a map, got {space!r:.60}")
+        raise _bad_spaces(f"{what}: expected a map, got {summarize(space)}")
     kind = space.get("space")
     if kind == "box":
         shape = _shape(space.get("size"), what)
@@ -135,15 +136,15 @@ def observation_wire(key: str, space: Any, what: str) -> dict[str, Any]:
         }
     if kind == "discrete":
         return {"space": "discrete", "n": space.get("size")}
-    raise _bad_spaces(f"{what}: godot_rl knows observation spaces 'box' and 'discrete', got {kind!r}")
+    raise _bad_spaces(f"{what}: godot_rl knows observation spaces 'box' and 'discrete', got {summarize(kind)}")
 
 
 def action_wire(space: Any, what: str) -> dict[str, Any]:
     if not isinstance(space, dict):
-        raise _bad_spaces(f"{what}: expected a map, got {space!r:.60}")
+        raise _bad_spaces(f"{what}: expected a map, got {summarize(space)}")
     kind = space.get("action_type")
     if kind not in ("continuous", "discrete"):
-        raise _bad_spaces(f"{what}: godot_rl knows action types 'continuous' and 'discrete', got {kind!r}")
+        raise _bad_spaces(f"{what}: godot_rl knows action types 'continuous' and 'discrete', got {summarize(kind)}")
     return {"action_type": kind, "size": space.get("size")}
 
 
@@ -223,9 +224,9 @@ def _decode_values(key: str, space: Any, values: list[Any], n: int, what: str, c
         return np.frombuffer(raw, np.uint8).reshape(n, *space.shape)
     if isinstance(space, DiscreteSpace):
         array = _numbers(values, what, code)
-        if array.shape != (n,) or not np.all(np.mod(array, 1) == 0):
+        if array.shape != (n,):
             raise RemoteProtocolError(code, f"{what}: a discrete observation is one integer per agent")
-        return array.astype(np.int32)
+        return _discrete(array, space.n, what, code)
     assert isinstance(space, BoxSpace)
     array = _numbers(values, what, code)
     size = math.prod(space.shape)
@@ -235,13 +236,25 @@ def _decode_values(key: str, space: Any, values: list[Any], n: int, what: str, c
 
 
 def _numbers(values: Any, what: str, code: ErrorCode) -> np.ndarray:
+    """Numbers (nested lists of them) as float64: JSON numbers only, never numeric strings, and finite."""
     try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise RemoteProtocolError(code, f"{what}: expected numbers, got {values!r:.80}") from None
-    if not np.all(np.isfinite(array)):
-        raise RemoteProtocolError(code, f"{what}: numbers must be finite")
+        array = np.asarray(values)
+    except (TypeError, ValueError):  # ragged lists
+        raise RemoteProtocolError(code, f"{what}: expected numbers, got {summarize(values)}") from None
+    if array.dtype.kind not in "biuf":  # strings ("1.5" is not a reward), maps, None, ragged objects
+        raise RemoteProtocolError(code, f"{what}: expected numbers, got {summarize(values)}")
+    array = array.astype(np.float64)
+    check_finite(array, what, code)
     return array
+
+
+def _discrete(array: np.ndarray, n: int, what: str, code: ErrorCode) -> np.ndarray:
+    """Whole numbers in [0, n) as int32, checked before the cast so that no value wraps into range."""
+    if not np.all(np.mod(array, 1) == 0):
+        raise RemoteProtocolError(code, f"{what}: expected one integer per agent")
+    if array.size and (array.min() < 0 or array.max() >= n):
+        raise RemoteProtocolError(code, f"{what}: values must lie in [0, {n})")
+    return array.astype(np.int32)
 
 
 def decode_numbers(values: Any, n: int, what: str, code: ErrorCode) -> np.ndarray:
@@ -279,9 +292,10 @@ def decode_actions(spaces: PolicySpaces, rows: list[Any], what: str) -> dict[str
             out[key] = array.astype(np.float32)
         else:
             array = array.reshape(-1) if array.shape == (n, 1) else array  # a one-element list is tolerated
-            if array.shape != (n,) or not np.all(np.mod(array, 1) == 0):
+            if array.shape != (n,):
                 raise RemoteProtocolError(ErrorCode.BAD_ACTIONS, f"{what}.{key}: expected one integer per agent")
-            out[key] = array.astype(np.int32)
+            assert isinstance(space, DiscreteAction)
+            out[key] = _discrete(array, space.n, f"{what}.{key}", ErrorCode.BAD_ACTIONS)
     return out
 
 

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 
 # Wire dtype names and their little-endian numpy dtypes. Nothing else crosses the wire.
 DTYPES: Final[dict[str, np.dtype[Any]]] = {
@@ -63,13 +63,13 @@ def decode_array(obj: Any, what: str) -> np.ndarray:
     name, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
     dtype = DTYPES.get(name) if type(name) is str else None
     if dtype is None:
-        raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: unknown dtype {name!r}")
+        raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: unknown dtype {summarize(name)}")
     if type(shape) is not list or len(shape) > MAX_NDIM:
-        raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {shape!r}")
+        raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {summarize(shape)}")
     count = 1
     for d in shape:
         if type(d) is not int or d < 0:  # type() is int: no bools, no floats
-            raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {shape!r}")
+            raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {summarize(shape)}")
         count *= d
     if not isinstance(data, bytes):
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: data must be binary")

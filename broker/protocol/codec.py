@@ -13,14 +13,17 @@ A native peer's hello fixes its codec; the broker answers it in the same codec.
 from __future__ import annotations
 
 import json
+import re
+import struct
 import threading
 from enum import Enum
 from typing import Any, Final
 
 import msgpack
 
-from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, encode_frame
+from broker.protocol.limits import INT_MAX, INT_MIN, MAX_FRAME_ELEMENTS, MAX_JSON_INT_DIGITS, MAX_NESTING
 
 
 class BodyKind(Enum):
@@ -116,7 +119,13 @@ _packers = _Packers()
 
 
 def unpack(body: bytes | memoryview) -> dict[str, Any]:
-    """Decode a msgpack body into a map; any failure is the peer's. ``bin`` values come back as bytes."""
+    """Decode a msgpack body into a map; any failure is the peer's. ``bin`` values come back as bytes.
+
+    A body larger than MAX_FRAME_ELEMENTS bytes is scanned first (``check_msgpack_bounds``); a smaller one
+    cannot hold more values than it has bytes.
+    """
+    if len(body) > MAX_FRAME_ELEMENTS:
+        check_msgpack_bounds(body)
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -126,16 +135,186 @@ def unpack(body: bytes | memoryview) -> dict[str, Any]:
     return obj
 
 
+def _msgpack_fixed_sizes() -> tuple[int, ...]:
+    """Bytes a msgpack value takes from its first byte, for values of a fixed size (0: any other)."""
+    sizes = [0] * 256
+    for first in range(256):
+        if first <= 0x7F or first >= 0xE0 or first in (0xC0, 0xC2, 0xC3):  # fixints, nil, bools
+            sizes[first] = 1
+        elif 0xA0 <= first <= 0xBF:  # fixstr
+            sizes[first] = 1 + (first & 0x1F)
+    fixed = {0xCA: 5, 0xCB: 9, 0xCC: 2, 0xCD: 3, 0xCE: 5, 0xCF: 9, 0xD0: 2, 0xD1: 3, 0xD2: 5, 0xD3: 9}
+    fixed.update({0xD4: 3, 0xD5: 4, 0xD6: 6, 0xD7: 10, 0xD8: 18})  # fixext 1-16
+    for first, size in fixed.items():
+        sizes[first] = size
+    return tuple(sizes)
+
+
+_MSGPACK_FIXED: Final = _msgpack_fixed_sizes()
+_BE8, _BE16, _BE32 = struct.Struct(">B"), struct.Struct(">H"), struct.Struct(">I")
+# str, bin and ext with a length field: first byte -> (length field, bytes between it and the payload)
+_MSGPACK_SIZED: Final = {
+    0xC4: (_BE8, 0),
+    0xC5: (_BE16, 0),
+    0xC6: (_BE32, 0),
+    0xC7: (_BE8, 1),
+    0xC8: (_BE16, 1),
+    0xC9: (_BE32, 1),
+    0xD9: (_BE8, 0),
+    0xDA: (_BE16, 0),
+    0xDB: (_BE32, 0),
+}
+# array16/32, map16/32: first byte -> (count field, values per entry)
+_MSGPACK_CONTAINERS: Final = {0xDC: (_BE16, 1), 0xDD: (_BE32, 1), 0xDE: (_BE16, 2), 0xDF: (_BE32, 2)}
+
+
+def check_msgpack_bounds(
+    body: bytes | memoryview, max_elements: int = MAX_FRAME_ELEMENTS, max_nesting: int = MAX_NESTING
+) -> None:
+    """Walk a msgpack body's headers (payloads are skipped, nothing is built) and refuse it when its
+    containers declare more than ``max_elements`` values in all or nest deeper than ``max_nesting``.
+
+    Declared counts are added as each container opens, so a header announcing millions of entries is
+    refused at once, and the walk visits at most ``max_elements`` values. A body that is cut short or
+    otherwise invalid passes; msgpack itself then reports it.
+    """
+    fixed = _MSGPACK_FIXED
+    size = len(body)
+    pos = 0
+    declared = 1
+    open_counts: list[int] = []  # values still to come in each enclosing container
+    left = 1
+    while True:
+        while not left:
+            if not open_counts:
+                return
+            left = open_counts.pop()
+        left -= 1
+        if pos >= size:
+            return
+        first = body[pos]
+        step = fixed[first]
+        if step:
+            pos += step
+            continue
+        if 0x80 <= first <= 0x9F:  # fixmap, fixarray
+            count = (first & 0x0F) * (2 if first < 0x90 else 1)
+            pos += 1
+        elif first in _MSGPACK_CONTAINERS:
+            field, per_entry = _MSGPACK_CONTAINERS[first]
+            if pos + 1 + field.size > size:
+                return
+            count = field.unpack_from(body, pos + 1)[0] * per_entry
+            pos += 1 + field.size
+        elif first in _MSGPACK_SIZED:
+            field, gap = _MSGPACK_SIZED[first]
+            if pos + 1 + field.size > size:
+                return
+            pos += 1 + field.size + gap + field.unpack_from(body, pos + 1)[0]
+            continue
+        else:
+            return  # 0xC1, never used: msgpack refuses it
+        if len(open_counts) >= max_nesting:
+            raise RemoteProtocolError(ErrorCode.MALFORMED, f"msgpack body nests deeper than {max_nesting} levels")
+        declared += count
+        if declared > max_elements:
+            raise RemoteProtocolError(
+                ErrorCode.MALFORMED,
+                f"msgpack body declares more than {max_elements} values (a container of {count} at byte {pos})",
+            )
+        if count:
+            open_counts.append(left)
+            left = count
+
+
 def pack_json(obj: dict[str, Any]) -> bytes:
     """JSON exactly as godot_rl's Python side writes it: default separators, ASCII only."""
     return json.dumps(obj).encode("ascii")
 
 
 def unpack_json(body: bytes | memoryview) -> dict[str, Any]:
+    """Decode a JSON object, within the limits every codec shares: at most MAX_FRAME_ELEMENTS values and
+    MAX_NESTING levels (checked on the raw bytes, before parsing), integers of 64 bits, no lone surrogates
+    (``"\\ud800"``: nothing could encode them again). Any failure is the peer's."""
+    raw = body if type(body) is bytes else bytes(body)
+    escaped = b"\\" in raw
+    _check_json_bounds(raw, escaped)
     try:
-        obj = json.loads(str(body, "utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        text = str(raw, "utf-8")
+    except UnicodeDecodeError as exc:
+        raise RemoteProtocolError(ErrorCode.MALFORMED, f"JSON body is not UTF-8: {exc}") from None
+    try:
+        obj = json.loads(text, parse_int=_json_int)
+    except ValueError as exc:  # JSONDecodeError, and _json_int's refusals
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"undecodable JSON body: {exc}") from None
     if not isinstance(obj, dict):
         raise RemoteProtocolError(ErrorCode.MALFORMED, "JSON message must be an object")
+    if escaped and _SURROGATE_ESCAPE.search(raw) is not None:  # rare: only then look at every string
+        _check_strings(obj)
     return obj
+
+
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_STRUCTURE: Final = b'[]{}"'
+_ALL_BUT_STRUCTURE: Final = bytes(c for c in range(256) if c not in _STRUCTURE)
+
+
+def _check_json_bounds(raw: bytes, escaped: bool) -> None:
+    """Refuse a JSON text with too many values or too deep a nesting, at C speed for ordinary texts.
+
+    Every value but the first follows a comma, a colon or an opening bracket, so their count bounds the
+    values (those inside strings included: an upper bound). For nesting the text is cut down to its
+    structure: escaped backslashes and quotes are removed (when there are any), then every byte but
+    brackets and quotes; the brackets outside strings are traced, only when there are more than
+    MAX_NESTING of them in all.
+    """
+    if len(raw) > MAX_FRAME_ELEMENTS:  # a shorter text cannot hold more values than it has bytes
+        marks = 0
+        for mark in (b",", b"[", b"{", b":"):  # one pass each; a huge list is refused after the first
+            marks += raw.count(mark)
+            if marks > MAX_FRAME_ELEMENTS:
+                raise RemoteProtocolError(
+                    ErrorCode.MALFORMED, f"JSON body holds more than {MAX_FRAME_ELEMENTS} values ({len(raw)} bytes)"
+                )
+    if escaped:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = raw.translate(None, _ALL_BUT_STRUCTURE)
+    opened = skeleton.count(b"[") + skeleton.count(b"{")
+    if opened <= MAX_NESTING:
+        return
+    depth = 0
+    for outside in skeleton.split(b'"')[::2]:  # the even pieces lie outside strings
+        for bracket in outside:
+            if bracket in b"[{":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise RemoteProtocolError(ErrorCode.MALFORMED, f"JSON body nests deeper than {MAX_NESTING} levels")
+            else:
+                depth -= 1
+
+
+def _json_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_JSON_INT_DIGITS:
+        raise ValueError(f"integer of {len(digits)} digits does not fit 64 bits")
+    value = int(digits)
+    if not INT_MIN <= value <= INT_MAX:
+        raise ValueError(f"integer {value} does not fit 64 bits")
+    return value
+
+
+def _check_strings(value: Any, where: str = "JSON body") -> None:
+    """Every string (keys too) must be encodable as UTF-8, as every codec and log line needs."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise RemoteProtocolError(
+                ErrorCode.MALFORMED, f"{where}: string {summarize(value)} holds a lone surrogate escape"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings(key, where)
+            _check_strings(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_strings(item, where)

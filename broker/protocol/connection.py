@@ -137,12 +137,7 @@ class BrokerConnection:
                 ErrorCode.UNEXPECTED_MESSAGE,
                 f"'{message.TYPE}' is not allowed in state {self.state.value}",
             )
-        if isinstance(message, Hello):
-            if message.protocol != PROTOCOL_VERSION:
-                raise RemoteProtocolError(
-                    ErrorCode.VERSION_MISMATCH,
-                    f"peer speaks protocol {message.protocol}, this broker speaks {PROTOCOL_VERSION}",
-                )
+        if isinstance(message, Hello):  # Hello.from_wire refused any other protocol version first
             self.codec = kind
             self._decoder.max_frame_bytes = self.max_frame_bytes
             self.state = {"game": State.GAME, "trainer": State.TRAINER, "observer": State.OBSERVER}[message.role]

@@ -12,9 +12,11 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
+from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.arrays import decode_array, encode_array
-from broker.protocol.errors import ErrorCode, RemoteProtocolError
-from broker.protocol.spaces import MAX_AGENTS, MAX_NAME, GroupSpec, PolicySpaces
+from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
+from broker.protocol.limits import INT_MAX, INT_MIN, MAX_INFO_NESTING
+from broker.protocol.spaces import MAX_AGENTS, MAX_NAME, GroupSpec, PolicySpaces, check_finite
 
 MAX_GROUPS = 64
 MAX_INFO_ENTRIES = MAX_AGENTS
@@ -26,16 +28,47 @@ def _malformed(message: str) -> RemoteProtocolError:
 
 def _int(obj: dict[str, Any], key: str, what: str, minimum: int = 0) -> int:
     value = obj.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _malformed(f"{what}.{key} must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= INT_MAX:
+        raise _malformed(f"{what}.{key} must be an integer >= {minimum}, got {summarize(value)}")
     return value
 
 
 def _str(obj: dict[str, Any], key: str, what: str, default: str | None = None) -> str:
     value = obj.get(key, default)
     if not isinstance(value, str) or len(value) > MAX_NAME * 8:
-        raise _malformed(f"{what}.{key} must be a string, got {value!r}")
+        raise _malformed(f"{what}.{key} must be a string of at most {MAX_NAME * 8} characters, got {summarize(value)}")
     return value
+
+
+def check_info(info: Any, what: str, code: ErrorCode = ErrorCode.BAD_STEP) -> None:
+    """An agent's info map must be something every codec the broker forwards it in can carry (msgpack to
+    Python trainers, Godot Variant to the addon, JSON to godot_rl scripts): keys are strings or integers;
+    values are None, bools, 64-bit integers, floats, strings, bytes, lists and such maps, nested at most
+    MAX_INFO_NESTING deep. Strings need no check here: every decoder refuses text that is not UTF-8."""
+    if not isinstance(info, dict):
+        raise RemoteProtocolError(code, f"{what} must be a map, got {summarize(info)}")
+    _check_free_value(info, what, code, 1)
+
+
+def _check_free_value(value: Any, what: str, code: ErrorCode, level: int) -> None:
+    if isinstance(value, dict):
+        if level > MAX_INFO_NESTING:
+            raise RemoteProtocolError(code, f"{what} nests deeper than {MAX_INFO_NESTING} levels")
+        for key, item in value.items():
+            if isinstance(key, bool) or not isinstance(key, (str, int)):
+                raise RemoteProtocolError(code, f"{what}: key {summarize(key)} is neither a string nor an integer")
+            _check_free_value(key, what, code, level)
+            _check_free_value(item, what, code, level + 1)
+    elif isinstance(value, list):
+        if level > MAX_INFO_NESTING:
+            raise RemoteProtocolError(code, f"{what} nests deeper than {MAX_INFO_NESTING} levels")
+        for item in value:
+            _check_free_value(item, what, code, level + 1)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if not INT_MIN <= value <= INT_MAX:
+            raise RemoteProtocolError(code, f"{what}: integer {summarize(value)} does not fit 64 signed bits")
+    elif value is not None and not isinstance(value, (bool, float, str, bytes)):
+        raise RemoteProtocolError(code, f"{what}: a {type(value).__name__} cannot be forwarded")
 
 
 def _array(obj: Any, what: str, key: str) -> np.ndarray:
@@ -102,6 +135,7 @@ class StepData:
         truncated = _array(obj.get("truncated"), what, "truncated")
         if reward.ndim != 1 or reward.dtype != np.float32:
             raise _malformed(f"{what}.reward must be a 1-d float32 array")
+        check_finite(reward, f"{what}.reward", ErrorCode.BAD_STEP)
         n = reward.shape[0]
         for name, flags in (("terminated", terminated), ("truncated", truncated)):
             if flags.shape != (n,) or flags.dtype != np.bool_:
@@ -129,7 +163,8 @@ class StepData:
             raise _malformed(f"{what}.infos must be a map of row to map")
         for row, info in infos.items():
             if not isinstance(row, int) or isinstance(row, bool) or not 0 <= row < n or not isinstance(info, dict):
-                raise _malformed(f"{what}.infos: entry {row!r} must map a row in [0, {n}) to a map")
+                raise _malformed(f"{what}.infos: entry {summarize(row)} must map a row in [0, {n}) to a map")
+            check_info(info, f"{what}.infos[{row}]")
         frames = None
         if "frames" in obj:
             frames = decode_array(obj["frames"], f"{what}.frames")
@@ -206,7 +241,12 @@ class Hello:
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Hello:
-        protocol = _int(obj, "protocol", "hello")
+        protocol = obj.get("protocol")
+        if protocol != PROTOCOL_VERSION or isinstance(protocol, bool):  # first: whatever else a hello holds
+            raise RemoteProtocolError(
+                ErrorCode.VERSION_MISMATCH,
+                f"peer speaks protocol {summarize(protocol)}, this broker speaks {PROTOCOL_VERSION}",
+            )
         role = obj.get("role")
         name = _str(obj, "name", "hello", default="")
         token = obj.get("token")
@@ -219,19 +259,20 @@ class Hello:
             specs = tuple(GroupSpec.from_wire(g, f"hello.groups[{i}]") for i, g in enumerate(groups))
             names = [g.policy for g in specs]
             if len(set(names)) != len(names):
-                raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"hello.groups names a policy twice: {names}")
-            return cls("game", protocol, name, token, groups=specs)
+                twice = sorted({n for n in names if names.count(n) > 1})[:3]
+                raise RemoteProtocolError(ErrorCode.BAD_HELLO, f"hello.groups names a policy twice: {twice}")
+            return cls("game", PROTOCOL_VERSION, name, token, groups=specs)
         if role == "trainer":
             policy = obj.get("policy")
             if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
                 raise RemoteProtocolError(ErrorCode.BAD_HELLO, "hello.policy must be a non-empty string")
             stepping = obj.get("stepping")
             options = None if stepping is None else StepOptions.from_wire(stepping)
-            return cls("trainer", protocol, name, token, policy=policy, stepping=options)
+            return cls("trainer", PROTOCOL_VERSION, name, token, policy=policy, stepping=options)
         if role == "observer":
-            return cls("observer", protocol, name, token)
+            return cls("observer", PROTOCOL_VERSION, name, token)
         raise RemoteProtocolError(
-            ErrorCode.BAD_HELLO, f"hello.role must be 'game', 'trainer' or 'observer', got {role!r}"
+            ErrorCode.BAD_HELLO, f"hello.role must be 'game', 'trainer' or 'observer', got {summarize(role)}"
         )
 
 
@@ -511,6 +552,6 @@ def message_from_wire(obj: dict[str, Any]) -> Message:
     kind = obj.get("type")
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise RemoteProtocolError(ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {kind!r}")
+        raise RemoteProtocolError(ErrorCode.UNKNOWN_MESSAGE, f"unknown message type {summarize(kind)}")
     message: Message = cls.from_wire(obj)
     return message

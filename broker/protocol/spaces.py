@@ -17,7 +17,7 @@ from typing import Any, Final
 import numpy as np
 
 from broker.protocol.arrays import DTYPES
-from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 
 MAX_KEYS: Final = 64
 MAX_ELEMENTS: Final = 1 << 26
@@ -31,15 +31,15 @@ def _bad(message: str) -> RemoteProtocolError:
 
 def _positive_ints(value: Any, what: str, allow_empty: bool = False) -> tuple[int, ...]:
     if not isinstance(value, list) or (not value and not allow_empty) or len(value) > 8:
-        raise _bad(f"{what} must be a list of 1 to 8 positive integers, got {value!r}")
+        raise _bad(f"{what} must be a list of 1 to 8 positive integers, got {summarize(value)}")
     if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        raise _bad(f"{what} must hold positive integers, got {value!r}")
+        raise _bad(f"{what} must hold positive integers, got {summarize(value)}")
     return tuple(value)
 
 
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise _bad(f"{what} must be a number, got {value!r}")
+        raise _bad(f"{what} must be a number, got {summarize(value)}")
     return float(value)
 
 
@@ -160,7 +160,7 @@ def observation_space_from_wire(obj: Any, what: str) -> ObservationSpace:
         shape = _positive_ints(obj.get("shape"), f"{what}.shape")
         dtype = obj.get("dtype", "float32")
         if dtype not in DTYPES or dtype == "bool":
-            raise _bad(f"{what}.dtype {dtype!r} is not a numeric wire dtype")
+            raise _bad(f"{what}.dtype {summarize(dtype)} is not a numeric wire dtype")
         default_high = 255.0 if dtype == "uint8" else math.inf
         default_low = 0.0 if dtype == "uint8" else -math.inf
         low = _number(obj.get("low", default_low), f"{what}.low")
@@ -173,11 +173,11 @@ def observation_space_from_wire(obj: Any, what: str) -> ObservationSpace:
     if kind == "discrete":
         n = obj.get("n")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise _bad(f"{what}.n must be a positive integer, got {n!r}")
+            raise _bad(f"{what}.n must be a positive integer, got {summarize(n)}")
         return DiscreteSpace(n)
     if kind == "multi_discrete":
         return MultiDiscreteSpace(_positive_ints(obj.get("nvec"), f"{what}.nvec"))
-    raise _bad(f"{what}: unknown observation space {kind!r}; use box, discrete or multi_discrete")
+    raise _bad(f"{what}: unknown observation space {summarize(kind)}; use box, discrete or multi_discrete")
 
 
 def action_space_from_wire(obj: Any, what: str) -> ActionSpace:
@@ -187,11 +187,11 @@ def action_space_from_wire(obj: Any, what: str) -> ActionSpace:
     if kind in ("continuous", "discrete"):
         size = obj.get("size")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise _bad(f"{what}.size must be a positive integer, got {size!r}")
+            raise _bad(f"{what}.size must be a positive integer, got {summarize(size)}")
         return ContinuousAction(size) if kind == "continuous" else DiscreteAction(size)
     if kind == "multi_discrete":
         return MultiDiscreteAction(_positive_ints(obj.get("nvec"), f"{what}.nvec"))
-    raise _bad(f"{what}: unknown action_type {kind!r}; use continuous, discrete or multi_discrete")
+    raise _bad(f"{what}: unknown action_type {summarize(kind)}; use continuous, discrete or multi_discrete")
 
 
 def _key_map(obj: Any, what: str) -> dict[str, Any]:
@@ -201,7 +201,7 @@ def _key_map(obj: Any, what: str) -> dict[str, Any]:
         raise _bad(f"{what} has {len(obj)} keys; at most {MAX_KEYS}")
     for key in obj:
         if not isinstance(key, str) or not key or len(key) > MAX_NAME:
-            raise _bad(f"{what}: key {key!r} must be a non-empty string")
+            raise _bad(f"{what}: key {summarize(key)} must be a non-empty string")
     return obj
 
 
@@ -262,11 +262,18 @@ class GroupSpec:
             raise _bad(f"{what}: expected a map")
         policy, n_agents = obj.get("policy"), obj.get("n_agents")
         if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
-            raise _bad(f"{what}.policy must be a non-empty string, got {policy!r}")
+            raise _bad(f"{what}.policy must be a non-empty string, got {summarize(policy)}")
         if not isinstance(n_agents, int) or isinstance(n_agents, bool) or not 1 <= n_agents <= MAX_AGENTS:
-            raise _bad(f"{what}.n_agents must be an integer from 1 to {MAX_AGENTS}, got {n_agents!r}")
+            raise _bad(f"{what}.n_agents must be an integer from 1 to {MAX_AGENTS}, got {summarize(n_agents)}")
         spaces = PolicySpaces.from_wire(obj.get("observation_space"), obj.get("action_space"), f"{what}[{policy}]")
         return cls(policy, n_agents, spaces)
+
+
+def check_finite(array: np.ndarray, what: str, code: ErrorCode) -> None:
+    """The broker's one rule for NaN and infinities: refused in observations, rewards and continuous
+    actions on every path (native and godot_rl JSON), since a trainer that learns from them diverges."""
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        raise RemoteProtocolError(code, f"{what}: values must be finite (no NaN or infinity)")
 
 
 def check_rows(
@@ -276,28 +283,27 @@ def check_rows(
     what: str,
     code: ErrorCode,
 ) -> None:
-    """Every key present, with ``n_rows`` rows of the space's shape and wire dtype."""
+    """Every key present, with ``n_rows`` rows of the space's shape and wire dtype, discrete values in
+    range and float values finite. Discrete values are checked on the array as it came, before any
+    dtype complaint, so a wide integer is never judged by what a cast would make of it."""
     expected = [key for key, _ in layout]
     if list(arrays) != expected and sorted(arrays) != sorted(expected):
-        raise RemoteProtocolError(code, f"{what}: keys {sorted(arrays)} differ from the announced {expected}")
+        shown = [summarize(k) for k in sorted(arrays)[:8]]
+        raise RemoteProtocolError(code, f"{what}: keys {shown} differ from the announced {expected}")
     for key, space in layout:
         array = arrays[key]
         shape = (n_rows, *space.row_shape)
+        if array.shape == shape and n_rows and array.dtype.kind in "iu":
+            if isinstance(space, (DiscreteAction, DiscreteSpace)) and (array.min() < 0 or array.max() >= space.n):
+                raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, {space.n})")
+            if isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace)) and (
+                (array < 0).any() or (array >= np.asarray(space.nvec)).any()
+            ):
+                raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, nvec) per column")
         if array.shape != shape or array.dtype != DTYPES[space.wire_dtype]:
             raise RemoteProtocolError(
                 code,
                 f"{what}.{key}: expected {space.wire_dtype} of shape {list(shape)}, "
                 f"got {array.dtype.name} of shape {list(array.shape)}",
             )
-        if (
-            isinstance(space, (DiscreteAction, DiscreteSpace))
-            and n_rows
-            and (array.min() < 0 or array.max() >= space.n)
-        ):
-            raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, {space.n})")
-        if (
-            isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace))
-            and n_rows
-            and ((array < 0).any() or (array >= np.asarray(space.nvec)).any())
-        ):
-            raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, nvec) per column")
+        check_finite(array, f"{what}.{key}", code)

@@ -19,7 +19,8 @@ str, DICTIONARY <-> dict, ARRAY <-> list, PACKED_BYTE_ARRAY <-> bytes (so array 
 list of numbers, PACKED_STRING_ARRAY -> list of str.
 
 ``decode`` returns a dict or raises ``RemoteProtocolError(MALFORMED)``, for any input: declared
-counts are checked against the bytes left before anything is allocated, and nesting is bounded.
+counts are checked against the bytes left before anything is allocated, and nesting (MAX_NESTING) and
+the values of a body in all (MAX_FRAME_ELEMENTS, packed array items included) are bounded.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, Final
 import numpy as np
 
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
+from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_NESTING
 
 # Variant::Type values of Godot 4 (the ones this codec reads or writes).
 NIL: Final = 0
@@ -55,7 +57,7 @@ UNUSED_BYTE_MASK: Final = 0xFF00
 # Typed containers: a 2-bit "type kind" per element (ARRAY: bits 16-17; DICTIONARY: key 16-17, value 18-19).
 KIND_NONE: Final = 0
 KIND_BUILTIN: Final = 1
-MAX_DEPTH: Final = 32  # messages nest about 6 deep; Godot's own limit is 1024
+MAX_DEPTH: Final = MAX_NESTING  # messages nest about 6 deep; Godot's own limit is 1024
 INT32_MIN: Final = -(1 << 31)
 INT32_MAX: Final = (1 << 31) - 1
 INT64_MIN: Final = -(1 << 63)
@@ -102,6 +104,13 @@ class _Decoder:
 
     def __init__(self, data: bytes) -> None:
         self.data = data
+        self.budget = MAX_FRAME_ELEMENTS  # values this body may still hold
+
+    def _spend(self, count: int, pos: int) -> None:
+        """Count ``count`` more values before they are built."""
+        self.budget -= count
+        if self.budget < 0:
+            raise _malformed(f"more than {MAX_FRAME_ELEMENTS} values in one body (at offset {pos})")
 
     def _need(self, pos: int, size: int, what: str) -> None:
         if size < 0 or pos + size > len(self.data):
@@ -194,6 +203,7 @@ class _Decoder:
         count = self._u32(pos, "Dictionary size") & COUNT_MASK
         pos += 4
         self._need(pos, count * 8, f"Dictionary of {count} entries")  # each key and value >= 4 bytes
+        self._spend(2 * count, pos)
         out: dict[Any, Any] = {}
         for _ in range(count):
             key, pos = self.value(pos, depth + 1)
@@ -210,6 +220,7 @@ class _Decoder:
         count = self._u32(pos, "Array size") & COUNT_MASK
         pos += 4
         self._need(pos, count * 4, f"Array of {count} elements")  # each element >= 4 bytes
+        self._spend(count, pos)
         out: list[Any] = []
         for _ in range(count):
             item, pos = self.value(pos, depth + 1)
@@ -221,6 +232,7 @@ class _Decoder:
         count = self._u32(pos, "packed array size")
         size = count * struct.calcsize(item)
         self._need(pos + 4, size, f"packed array of {count} items")
+        self._spend(count, pos)
         values = struct.unpack_from(f"<{count}{item}", self.data, pos + 4)
         return list(values), pos + 4 + size
 
@@ -228,6 +240,7 @@ class _Decoder:
         count = self._u32(pos, "PackedStringArray size")
         pos += 4
         self._need(pos, count * 4, f"PackedStringArray of {count} strings")
+        self._spend(count, pos)
         out: list[str] = []
         for _ in range(count):
             text, pos = self._string(pos)

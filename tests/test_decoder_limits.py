@@ -269,6 +269,12 @@ def test_discrete_action_beyond_int32_is_refused_not_wrapped(dtype: Any) -> None
     assert fine["pick"].dtype == np.int32
 
 
+def test_float64_action_beyond_float32_is_refused_as_non_finite() -> None:
+    actions = {"pick": np.zeros(2, np.int32), "move": canonical_actions(np.full((2, 1), 1e300), "float32")}
+    error = refusal(check_rows, actions, SPACES.action, 2, "act", ErrorCode.BAD_ACTIONS)
+    assert error.code is ErrorCode.BAD_ACTIONS and "finite" in error.message
+
+
 def test_json_discrete_action_beyond_int32_is_refused_not_wrapped() -> None:
     rows = [{"pick": 2**32 + 2, "move": [0.0]}]
     assert "[0, 3)" in refusal(decode_actions, SPACES, rows, "action").message

@@ -233,6 +233,8 @@ def json_step(info: str = "{}", reward: str = "0.5", obs: str = "[0.0, 0.0]") ->
         (json_step(reward='"1.5"'), ErrorCode.BAD_STEP),
         (json_step(reward="NaN"), ErrorCode.BAD_STEP),
         (json_step(reward="1e400"), ErrorCode.BAD_STEP),
+        (json_step(reward="1e300"), ErrorCode.BAD_STEP),
+        (json_step(obs="[-1e300, 0.0]"), ErrorCode.BAD_STEP),
         (json_step(obs="[Infinity, 0.0]"), ErrorCode.BAD_STEP),
         (json_step(obs='["0.5", 0.0]'), ErrorCode.BAD_STEP),
     ],

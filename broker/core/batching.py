@@ -14,7 +14,8 @@ def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
     if array.dtype == target:
         return array
     if target.kind == "f" and array.dtype.kind == "f":
-        return array.astype(target)
+        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, which check_rows refuses
+            return array.astype(target)
     if target.kind == "i" and array.dtype.kind in "iu":
         limits = np.iinfo(target)
         if array.size and (array.min() < limits.min or array.max() > limits.max):

@@ -1,5 +1,6 @@
 extends RefCounted
-## One TCP connection to godot-rl-broker, driven by poll() once a physics tick; nothing here blocks.
+## One TCP connection to godot-rl-broker, driven by poll() once a physics tick. Only
+## wait_for_message() blocks, for at most the time it is given.
 ##
 ## connect (retrying with backoff until timeout_connect) -> send hello at once -> skip the broker's
 ## two JSON greeting frames (checking broker_protocol) -> welcome -> READY. Afterwards messages
@@ -13,6 +14,9 @@ const FIRST_RETRY_SEC: float = 0.1
 const MAX_RETRY_SEC: float = 2.0
 const MAX_QUEUED_MESSAGES: int = 16
 const MAX_READ_BYTES: int = 1 << 20
+## Sleep between polls in wait_for_message(): short against a decision's budget (~0.9 ms at 1160
+## decisions/s), long enough to leave the CPU to the broker and the trainers on the same machine.
+const WAIT_POLL_USEC: int = 50
 
 var state: State = State.IDLE
 ## Why the connection ended; "" after an orderly close (then see close_reason).
@@ -56,6 +60,17 @@ func poll() -> void:
 				_attempt()
 		State.HANDSHAKE, State.READY:
 			_poll_connected()
+
+
+## Polls until a message from the broker is waiting or the connection is no longer READY, for at
+## most timeout_usec. Returns at once when a message is already waiting.
+func wait_for_message(timeout_usec: int) -> void:
+	var give_up_at: int = Time.get_ticks_usec() + timeout_usec
+	while _inbox.is_empty() and state == State.READY:
+		poll()
+		if not _inbox.is_empty() or state != State.READY or Time.get_ticks_usec() >= give_up_at:
+			return
+		OS.delay_usec(WAIT_POLL_USEC)
 
 
 func is_ready() -> bool:

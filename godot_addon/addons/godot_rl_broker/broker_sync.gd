@@ -5,12 +5,13 @@ extends Node
 ## Put it in the scene in place of godot_rl_agents' Sync node; the AIControllers stay as they are.
 ## It finds the AIControllers (node group "AGENT"), groups the TRAINING ones by policy_name,
 ## announces each group's spaces, and at every decision tick (every action_repeat physics ticks)
-## sends all groups' observations, rewards and episode ends in one step message, then pauses the
-## tree until the actions come back and applies them. A group the broker leaves out of an answer is
+## sends all groups' observations, rewards and episode ends in one step message, waits (at most
+## wait_for_actions_ms) for the actions and applies them; an answer later than that keeps the tree
+## paused until a later physics tick brings it. A group the broker leaves out of an answer is
 ## held: its agents keep their previous action. HUMAN agents are played by you; ONNX_INFERENCE
 ## agents run their policy's .onnx file (Godot .NET, see docs/godot_addon.md).
 ## Command line, as godot_rl games take it: --host= --port= --token= --speedup= --action_repeat=
-## --env_seed= (the game quits when the broker closes the connection).
+## --env_seed= --wait_for_actions_ms= (the game quits when the broker closes the connection).
 
 enum ControlModes { HUMAN, TRAINING, ONNX_INFERENCE }
 
@@ -46,6 +47,13 @@ const BASE_PHYSICS_TICKS: int = 60
 @export var timeout_connect: float = 60.0
 ## This game's name in the broker's logs (default: the project name and the process id).
 @export var game_name: String = ""
+## Milliseconds a decision tick waits for the broker's answer right after sending its step, as
+## godot_rl's Sync blocks for its answer: the actions then act from that same tick. The default
+## covers the broker's hold deadline (20 to 100 ms), so a held answer lands in the same tick too.
+## An answer later than this (a barrier-stepped trainer that is busy) is picked up by a later
+## physics tick while the tree stays paused, so the game never freezes longer than this. 0: never
+## wait in a tick (one decision per rendered frame at most). --wait_for_actions_ms= overrides it.
+@export_range(0.0, 1000.0, 1.0, "or_greater") var wait_for_actions_ms: float = 100.0
 
 ## Command-line arguments as a Dictionary (like godot_rl's Sync.args), for game code to read.
 var args: Dictionary = {}
@@ -140,6 +148,15 @@ func _apply_args() -> void:
 			speed_up = text.to_float()
 		else:
 			push_error("BrokerSync: --speedup=%s is not a positive number; using %s" % [text, speed_up])
+	if args.has("wait_for_actions_ms"):
+		var wait_text: String = str(args["wait_for_actions_ms"])
+		if wait_text.is_valid_float() and wait_text.to_float() >= 0.0:
+			wait_for_actions_ms = wait_text.to_float()
+		else:
+			push_error(
+				"BrokerSync: --wait_for_actions_ms=%s is not a number >= 0; using %s"
+				% [wait_text, wait_for_actions_ms]
+			)
 	if args.has("env_seed"):
 		seed(_int_arg("env_seed", 0, -(1 << 62), 1 << 62))
 	Engine.physics_ticks_per_second = roundi(BASE_PHYSICS_TICKS * speed_up)
@@ -278,7 +295,21 @@ func _decision_tick() -> void:
 		_on_broker_closed()
 		return
 	_awaiting_actions = true
-	get_tree().paused = true
+	_wait_for_actions()
+	if _awaiting_actions and not _quitting:
+		get_tree().paused = true  # late answer: the world holds; a later physics tick picks it up
+
+
+## Waits up to wait_for_actions_ms for this step's actions and applies them when they come.
+func _wait_for_actions() -> void:
+	if wait_for_actions_ms <= 0.0:
+		return
+	_client.wait_for_message(int(wait_for_actions_ms * 1000.0))
+	if _client.is_closed():
+		_on_broker_closed()
+		return
+	if _handle_messages() and not _awaiting_actions:
+		_ticks_left -= 1  # the actions act from this very tick, the first of action_repeat
 
 
 func _run_onnx_agents() -> void:

@@ -119,10 +119,9 @@ static func _pack_obs(observation_space: Dictionary, rows: Array, what: String) 
 			var row: Variant = rows[i]
 			if typeof(row) != TYPE_DICTIONARY or not row.has(key):
 				return {"error": "%s of agent %d has no key '%s'" % [what, i, key]}
-			var label: String = "%s '%s' of agent %d" % [what, key, i]
-			var packed: Dictionary = Spaces.row_bytes(space, row[key], label)
-			if packed.has("error"):
-				return packed
+			var packed: Dictionary = Spaces.row_bytes(space, row[key], "")
+			if packed.has("error"):  # the label only now: formatting it every row costs every step
+				return Spaces.row_bytes(space, row[key], "%s '%s' of agent %d" % [what, key, i])
 			data.append_array(packed["bytes"])
 		var shape: Array = [rows.size()] + Spaces.row_shape(space)
 		out[key] = Wire.make_array(Spaces.wire_dtype(space), shape, data)

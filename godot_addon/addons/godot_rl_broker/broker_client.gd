@@ -143,7 +143,7 @@ func _attempt() -> void:
 	_connect_current()
 
 
-## Every address of host, IPv4 and IPv6 (a name like localhost may give ::1 before 127.0.0.1).
+## Every address of host, IPv4 and IPv6 (a name like localhost may give ::1 before its IPv4 one).
 func _resolve(host: String) -> PackedStringArray:
 	if host.is_valid_ip_address():
 		return PackedStringArray([host])

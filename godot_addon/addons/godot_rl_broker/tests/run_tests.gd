@@ -14,6 +14,7 @@ const SUITES: Array = [
 	preload("test_helpers.gd"),
 	preload("test_agents.gd"),
 	preload("test_connection.gd"),
+	preload("test_sync.gd"),
 ]
 const MAX_FOLDERS_UP: int = 6
 

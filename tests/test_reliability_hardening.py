@@ -342,8 +342,9 @@ def test_status_answers_even_when_a_name_cannot_be_encoded() -> None:
 def test_json_log_lines_carry_the_traceback_and_long_values_are_capped(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging(json_lines=True)
     try:
+        empty: dict[str, int] = {}
         try:
-            {}["missing"]
+            empty["missing"]
         except KeyError:
             structlog.get_logger("test").exception("internal error", peer="p", value="x" * 100_000)
         line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])

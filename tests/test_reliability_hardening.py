@@ -342,8 +342,9 @@ def test_status_answers_even_when_a_name_cannot_be_encoded() -> None:
 def test_json_log_lines_carry_the_traceback_and_long_values_are_capped(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging(json_lines=True)
     try:
+        empty: dict[str, int] = {}
         try:
-            {}["missing"]
+            empty["missing"]
         except KeyError:
             structlog.get_logger("test").exception("internal error", peer="p", value="x" * 100_000)
         line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
@@ -369,3 +370,49 @@ def test_token_file_keeps_the_token_out_of_the_process_list(tmp_path: Path) -> N
     with pytest.raises(RuntimeError, match="is empty"):
         with broker(tmp_path, "--token-file", str(empty), timeout=10):
             pass
+
+
+def test_an_unencodable_info_reaches_a_real_trainer_as_a_dropped_info_over_a_socket() -> None:
+    """The server's own link: encoding fails before anything is written, the hub drops that info, the
+    trainer (a raw msgpack peer on loopback) gets the batch and the game its actions."""
+
+    async def scenario() -> tuple[dict[str, Any], list[Message]]:
+        server = BrokerServer(ServerConfig(port=0, status_interval=0))
+        await server.start()
+        game_link = GameLink("in-process game")
+        hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("p", 1, SPACES),))
+        game = server.hub.add_game(game_link, hello)
+
+        def trainer() -> dict[str, Any]:
+            with RawPeer(f"127.0.0.1:{server.port}") as peer:
+                peer.read_greeting()
+                peer.send_message(trainer_hello("p"))
+                assert [(peer.read_message() or {})["type"] for _ in range(2)] == ["welcome", "policy"]
+                peer.send_message({"type": "reset"})
+                batch = peer.read_message() or {}
+                while batch.get("type") == "waiting":
+                    batch = peer.read_message() or {}
+                pick = {"dtype": "int64", "shape": [1], "data": np.zeros(1, np.int64).tobytes()}
+                peer.send_message({"type": "act", "step": batch["step"], "actions": {"pick": pick}})
+                time.sleep(0.3)
+                return batch
+
+        from broker.protocol.messages import GameStep
+
+        thread_result = asyncio.create_task(asyncio.to_thread(trainer))
+        while server.hub.policies["p"].trainer is None or not server.hub.policies["p"].trainer.wants_batch:
+            await asyncio.sleep(0.02)
+        zeros = np.zeros(1, np.bool_)
+        data = StepData(
+            {"obs": np.zeros((1, 3), np.float32)}, np.ones(1, np.float32), zeros, zeros, infos={0: {"big": 10**30}}
+        )
+        server.hub.game_step(game, GameStep(0, {"p": data}))
+        try:
+            return await thread_result, game_link.sent
+        finally:
+            await server.shutdown()
+
+    batch, game_sent = asyncio.run(scenario())
+    assert batch["type"] == "batch" and batch["step"] == 1, batch
+    assert batch["infos"] == {0: DROPPED_INFO}, batch.get("infos")
+    assert any(type(m).__name__ == "GameActions" for m in game_sent)

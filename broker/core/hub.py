@@ -21,7 +21,8 @@ Theory of operation
   reports every agent of the slot as truncated, with the last observation the trainer saw as the
   final observation, so SB3's episode bookkeeping stays right.
 * A lost trainer: the batch it did not answer is sent again to the next trainer of that policy.
-Memory is bounded by one accumulator per slot and policy, and one open batch per policy.
+Memory is bounded by one accumulator per slot and policy (infos replaced, never merged, across held
+ticks), and one open batch per policy. A batch counts as sent only once its link has encoded it.
 """
 
 from __future__ import annotations

@@ -4,10 +4,13 @@ extends RefCounted
 ##
 ## Agents are godot_rl AIControllers (this addon's or godot_rl_agents' own), used by duck typing.
 ## Episode ends are edge-triggered as in godot_rl: reported once, then cleared with
-## set_done_false(). The observation an episode ended on is captured as soon as the end is seen
-## (the controller's own capture when it has one, as godot_rl plugin PR #65 does). A reset_after
-## timeout counts as truncated: the controller's `truncated` flag, or for controllers without one,
-## needs_reset raised by n_steps > reset_after.
+## set_done_false(). The observation an episode ended on is read when the end is seen, at the
+## start of the next physics tick (BrokerSync runs first in a tick, before the game resets the
+## agent), with get_obs(), or the controller's own capture when it has one (get_obs_done(), as
+## godot_rl plugin PR #65 does); never from inside game code, so setting done never calls get_obs().
+## A reset_after timeout counts as truncated: the controller's `truncated` flag, or for controllers
+## without one, needs_reset raised by n_steps > reset_after. get_info() is optional (godot_rl
+## controllers made before October 2024 lack it).
 
 const Messages := preload("messages.gd")
 const Spaces := preload("spaces.gd")
@@ -17,7 +20,6 @@ const REQUIRED_METHODS: Array[String] = [
 	"get_action_space",
 	"get_reward",
 	"set_action",
-	"get_info",
 	"zero_reward",
 	"set_done_false",
 ]
@@ -98,7 +100,7 @@ func collect_step() -> Dictionary:
 	var infos: Dictionary = {}
 	for i in agents.size():
 		obs_rows.append(agents[i].get_obs())
-		var info: Variant = agents[i].get_info()
+		var info: Variant = agents[i].get_info() if agents[i].has_method("get_info") else null
 		if typeof(info) == TYPE_DICTIONARY and not info.is_empty():
 			infos[i] = info
 	var rewards: Array = []
@@ -117,6 +119,8 @@ func collect_step() -> Dictionary:
 			agents[i].set_done_false()
 			if agents[i].has_method("set_truncated_false"):
 				agents[i].set_truncated_false()
+			elif "truncated" in agents[i]:
+				agents[i].set("truncated", false)
 		_ended[i] = false
 		_truncated[i] = false
 	_finals = {}

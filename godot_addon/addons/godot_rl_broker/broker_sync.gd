@@ -28,10 +28,12 @@ const AGENT_TRAINING: int = 2
 const AGENT_ONNX: int = 3
 const AGENT_RECORD_DEMOS: int = 4
 const BASE_PHYSICS_TICKS: int = 60
+## The seed without --env_seed=, as godot_rl's Sync.
+const DEFAULT_SEED: int = 1
 
 ## Mode of the agents whose control_mode is INHERIT_FROM_SYNC.
 @export var control_mode: ControlModes = ControlModes.TRAINING
-## Broker host name or IP address; --host= on the command line overrides it.
+## Broker host name or IP address (every address a name resolves to is tried); --host= overrides it.
 @export var host: String = "127.0.0.1"
 ## Broker port (one port for every game and trainer); --port= overrides it.
 @export var port: int = 11008
@@ -63,6 +65,7 @@ var tick: int = 0
 var _client: Client = null
 var _groups: Array = []
 var _onnx_agents: Array = []
+var _human_agents: Array = []
 var _onnx_models: Dictionary = {}
 var _ticks_left: int = 0
 var _awaiting_actions: bool = false
@@ -143,7 +146,11 @@ func _initialize() -> void:
 
 
 func _apply_args() -> void:
-	host = str(args.get("host", host))
+	if args.has("host"):
+		if str(args["host"]).strip_edges().is_empty():
+			push_error("BrokerSync: --host needs a value (--host=NAME_OR_ADDRESS); using %s" % host)
+		else:
+			host = str(args["host"]).strip_edges()
 	port = _int_arg("port", port, 1, 65535)
 	token = str(args.get("token", token))
 	action_repeat = _int_arg("action_repeat", action_repeat, 1, 1 << 20)
@@ -162,8 +169,7 @@ func _apply_args() -> void:
 				"BrokerSync: --wait_for_actions_ms=%s is not a number >= 0; using %s"
 				% [wait_text, wait_for_actions_ms]
 			)
-	if args.has("env_seed"):
-		seed(_int_arg("env_seed", 0, -(1 << 62), 1 << 62))
+	seed(_int_arg("env_seed", DEFAULT_SEED, -(1 << 62), 1 << 62))
 	Engine.physics_ticks_per_second = roundi(BASE_PHYSICS_TICKS * speed_up)
 	Engine.time_scale = speed_up
 
@@ -191,12 +197,10 @@ func _collect_agents() -> Dictionary:
 				training[policy] = []
 			training[policy].append(agent)
 			_set_heuristic(agent, "model")
-			if "store_obs_done" in agent:
-				agent.set("store_obs_done", true)
 		elif mode == AGENT_ONNX:
 			_add_onnx_agent(agent)
 		else:
-			_set_heuristic(agent, "human")
+			_play_as_human(agent)
 	return training
 
 
@@ -220,6 +224,11 @@ func _policy_of(agent: Node) -> String:
 	return "shared_policy"
 
 
+func _play_as_human(agent: Node) -> void:
+	_set_heuristic(agent, "human")
+	_human_agents.append(agent)
+
+
 func _set_heuristic(agent: Node, value: String) -> void:
 	if agent.has_method("set_heuristic"):
 		agent.call("set_heuristic", value)
@@ -236,7 +245,7 @@ func _add_onnx_agent(agent: Node) -> void:
 			% [str(agent.get_path()), policy]
 			+ "BrokerSync.onnx_models or the agent's onnx_model_path; it plays as HUMAN"
 		)
-		_set_heuristic(agent, "human")
+		_play_as_human(agent)
 		return
 	if not _onnx_models.has(path):
 		_onnx_models[path] = OnnxPolicy.new(path)
@@ -249,7 +258,7 @@ func _add_onnx_agent(agent: Node) -> void:
 		push_error("BrokerSync: %s cannot run %s (%s); it plays as HUMAN" % [
 			str(agent.get_path()), path, problem
 		])
-		_set_heuristic(agent, "human")
+		_play_as_human(agent)
 		return
 	_set_heuristic(agent, "model")
 	_onnx_agents.append({"agent": agent, "model": model, "action_space": spaces["action_space"]})
@@ -286,6 +295,7 @@ func _handle_messages() -> bool:
 
 func _decision_tick() -> void:
 	_run_onnx_agents()
+	_clear_human_episode_ends()
 	if _client == null:
 		_ticks_left = action_repeat - 1
 		return
@@ -324,7 +334,7 @@ func _run_onnx_agents() -> void:
 		var result: Dictionary = entry["model"].act(agent.call("get_obs"), entry["action_space"])
 		if result.has("error"):
 			push_error("BrokerSync: %s: %s; it plays as HUMAN" % [str(agent.get_path()), result["error"]])
-			_set_heuristic(agent, "human")
+			_play_as_human(agent)
 			failed.append(entry)
 			continue
 		agent.call("set_action", result["actions"])
@@ -332,6 +342,13 @@ func _run_onnx_agents() -> void:
 			agent.call("set_done_false")  # nobody reports inference episodes: clear as godot_rl does
 	for entry in failed:
 		_onnx_agents.erase(entry)
+
+
+## Nobody reports a HUMAN agent's episodes: clear their done flag every decision tick, as godot_rl.
+func _clear_human_episode_ends() -> void:
+	for agent in _human_agents:
+		if agent.has_method("set_done_false") and "done" in agent and bool(agent.get("done")):
+			agent.call("set_done_false")
 
 
 func _group_summaries() -> PackedStringArray:
@@ -368,3 +385,4 @@ func _shut_down(reason: String) -> void:
 		_onnx_models[path].release()
 	_onnx_models.clear()
 	_onnx_agents.clear()
+	_human_agents.clear()

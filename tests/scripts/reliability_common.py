@@ -240,6 +240,10 @@ def log_events(log: str) -> list[dict[str, Any]]:
     return events
 
 
+PEER_ERROR_EVENTS = ("peer error", "godot_rl game refused")
+
+
 def peer_errors(log: str, peer: RawPeer) -> list[dict[str, Any]]:
-    """The broker's "peer error" log events about this peer."""
-    return [e for e in log_events(log) if e.get("event") == "peer error" and e.get("peer") == peer.label]
+    """The broker's "peer error" log events about this peer (a refused godot_rl plugin game's is logged as
+    "godot_rl game refused", since it is told in the plugin's own words)."""
+    return [e for e in log_events(log) if e.get("event") in PEER_ERROR_EVENTS and e.get("peer") == peer.label]

@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from broker.protocol import DEFAULT_ADDRESS
+
 DEFAULT_TIMESTEPS = 100_000
 
 # Hyper-parameters: flag -> algorithms it applies to. Values not given keep our PPO defaults below or
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     conn = parser.add_argument_group("broker")
     conn.add_argument("--policy", required=True, help="policy (agent group) name to train")
-    conn.add_argument("--broker", default="127.0.0.1:11008", help="broker address: host:port or unix:/path")
+    conn.add_argument("--broker", default=DEFAULT_ADDRESS, help="broker address: host:port or unix:/path")
     conn.add_argument("--token", default=None, help="shared token, if the broker requires one")
     conn.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to keep trying to connect")
     conn.add_argument(

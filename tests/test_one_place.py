@@ -200,3 +200,44 @@ def test_serve_help_tells_the_deadline_and_metrics_binding_truthfully(capsys: py
     )
     assert "bound to loopback (127.0.0.1) whatever --host" in text
     assert "same --host" not in text
+
+
+# --- gdrl-train's options -------------------------------------------------------------------------
+
+
+def test_gdrl_train_flags_are_the_fields_of_train_options() -> None:
+    from dataclasses import fields
+
+    from clients.train import TrainOptions, build_parser, resolve_options
+
+    parser = build_parser()
+    dests = {action.dest for action in parser._actions if action.dest != "help"}
+    assert dests == {option.name for option in fields(TrainOptions)}
+    plain = resolve_options(parser.parse_args(["--policy", "p"]))
+    assert plain == TrainOptions(policy="p")  # every default is the dataclass's
+    assert plain.hyper == {
+        "n_steps": 128,
+        "batch_size": 256,
+        "n_epochs": 4,
+        "learning_rate": 3e-4,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_range": 0.2,
+        "ent_coef": 0.0,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+    }
+    assert (plain.total_timesteps, plain.step_options, plain.policy_kwargs) == (100_000, None, {})
+    given = resolve_options(
+        parser.parse_args(["--policy", "p", "--gamma", "0.9", "--stepping", "hold", "--deadline-ms", "50"])
+    )
+    assert given.explicit_hyper == {"gamma": 0.9} and given.hyper["n_steps"] == 128
+    assert given.step_options == StepOptions("hold", 50.0, "repeat")
+    sac = resolve_options(parser.parse_args(["--policy", "p", "--algo", "sac", "--ent-coef", "auto_0.1"]))
+    assert sac.hyper == {"ent_coef": "auto_0.1"}
+    with pytest.raises(ValueError, match=r"--n-epochs does not apply to SAC \(it takes --batch-size"):
+        resolve_options(parser.parse_args(["--policy", "p", "--algo", "sac", "--n-epochs", "3"]))
+    with pytest.raises(ValueError, match="--inference runs a saved model"):
+        resolve_options(parser.parse_args(["--policy", "p", "--inference"]))
+    with pytest.raises(ValueError, match="--deadline-ms and --hold-action need --stepping"):
+        resolve_options(parser.parse_args(["--policy", "p", "--deadline-ms", "5"]))

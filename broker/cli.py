@@ -46,7 +46,8 @@ def _print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     from broker.status import fetch_status, prometheus_text, render_table
 
     try:
-        status = fetch_status(args.address, args.token, timeout=args.timeout)
+        token = read_token_file(args.token_file) if args.token_file else args.token
+        status = fetch_status(args.address, token, timeout=args.timeout)
     except Exception as exc:
         parser.exit(1, f"gdrl-broker status: {exc}\n")
     if args.json:
@@ -78,6 +79,12 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="shared token every hello must carry (env GDRL_BROKER_TOKEN); required off loopback",
     )
     parser.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="read the token from this file (first line), so it is not visible in the process list",
+    )
+    parser.add_argument(
         "--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest frame a peer may send"
     )
     parser.add_argument(
@@ -87,13 +94,25 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes queued for one slow peer before it is dropped",
     )
     parser.add_argument(
-        "--limit-connections", type=int, default=defaults.limit_connections, help="most connections at once"
+        "--limit-connections", type=int, default=defaults.limit_connections, help="admitted peers (after hello)"
+    )
+    parser.add_argument(
+        "--limit-before-hello",
+        type=int,
+        default=defaults.limit_before_hello,
+        help="connections not yet past hello; when full, the oldest of them is shed",
     )
     parser.add_argument(
         "--timeout-hello",
         type=float,
         default=defaults.timeout_hello,
         help="seconds a new connection has to say hello",
+    )
+    parser.add_argument(
+        "--timeout-frame",
+        type=float,
+        default=defaults.timeout_frame,
+        help="seconds a started frame may take to arrive whole, after hello (then slow_peer)",
     )
     parser.add_argument(
         "--status-interval",
@@ -152,11 +171,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         unix_path=args.unix_path,
         expected_games=args.games if args.games is not None else (args.n_parallel or ServerConfig.expected_games),
-        token=args.token,
+        token=read_token_file(args.token_file) if args.token_file else args.token,
         max_frame_bytes=args.max_frame_bytes,
         max_pending_bytes=args.max_pending_bytes,
         limit_connections=args.limit_connections,
+        limit_before_hello=args.limit_before_hello,
         timeout_hello=args.timeout_hello,
+        timeout_frame=args.timeout_frame,
         status_interval=args.status_interval,
         metrics_port=args.metrics_port,
         stepping=args.stepping,
@@ -170,6 +191,18 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         headless=args.headless,
         godot_rl_trainers=tuple(args.godot_rl_trainer),
     )
+
+
+def read_token_file(path: str) -> str:
+    """The token from the first line of ``path`` (ValueError if it cannot be read or is empty)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read --token-file {path}: {exc}") from None
+    if not token:
+        raise ValueError(f"--token-file {path} is empty")
+    return token
 
 
 def check_godot_rl_options(config: ServerConfig) -> None:
@@ -250,6 +283,7 @@ def main(argv: list[str] | None = None) -> None:
     status_parser.add_argument(
         "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
     )
+    status_parser.add_argument("--token-file", default=None, metavar="PATH", help="read the token from this file")
     status_parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
     status_parser.add_argument("--json", action="store_true", help="print the raw JSON")
     status_parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")

@@ -24,6 +24,22 @@ def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -
         sock.close()
 
 
+def wire_safe(value: Any) -> Any:
+    """``value`` with every string made encodable (a lone surrogate becomes its ``\\udxxx`` escape) and
+    every integer beyond 64 bits made a float: status reports names peers chose, and must always encode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, bool) or value is None or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        return value if -(2**63) <= value < 2**64 else float(value)
+    if isinstance(value, dict):
+        return {wire_safe(k): wire_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [wire_safe(v) for v in value]
+    return wire_safe(str(value))
+
+
 def render_table(status: dict[str, Any]) -> str:
     games = status.get("games", [])
     connected = sum(1 for g in games if g.get("connected"))

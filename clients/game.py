@@ -45,6 +45,7 @@ class GameClient:
         self.timeout_reconnect = timeout_reconnect
         self.reconnect_on_shutdown = reconnect_on_shutdown
         self.reconnects = 0
+        self.closed_by_caller = False  # close() from another thread must not look like a lost broker
         self.groups = {g.policy: g for g in groups}
         hello = Hello("game", PROTOCOL_VERSION, name or default_name("game"), token, groups=tuple(groups))
         self.socket = PeerSocket(address, hello, timeout_connect=timeout_connect, codec=codec)
@@ -88,7 +89,11 @@ class GameClient:
                 self.socket.send(GameStep(self.tick, groups))
                 return self.socket.recv()
             except BrokerError as exc:
-                if self.timeout_reconnect <= 0 or not self.socket.lost_broker(exc, self.reconnect_on_shutdown):
+                if (
+                    self.closed_by_caller
+                    or self.timeout_reconnect <= 0
+                    or not self.socket.lost_broker(exc, self.reconnect_on_shutdown)
+                ):
                     raise
                 log.warning("lost the broker; reconnecting", address=str(self.socket.address), error=exc.message)
                 self.socket.reconnect(self.timeout_reconnect, exc)
@@ -100,6 +105,7 @@ class GameClient:
             log.info("reconnected to the broker", address=str(self.socket.address), game=self.game_index)
 
     def close(self, reason: str = "game closed") -> None:
+        self.closed_by_caller = True
         self.socket.close(reason)
 
 

@@ -107,9 +107,27 @@ class PeerSocket:
         try:
             # The connect timeout covers the greeting and the welcome too: a listener that accepts and
             # never answers must not hang us.
-            self._open(timeout_connect, None)
+            self._open_first(timeout_connect, None)
         except BrokerError as exc:
             raise self._explain_first_failure(exc) from exc
+
+    def _open_first(self, timeout_connect: float, timeout_handshake: float | None) -> None:
+        """The first connection. A trainer retries ``broker_full`` (the broker's connection budget is spent,
+        maybe by silent connections it sheds) with backoff for up to ``timeout_connect``; anything else,
+        and any refusal of a game, is raised at once."""
+        deadline = time.monotonic() + timeout_connect
+        delay = 0.05
+        while True:
+            try:
+                self._open(max(deadline - time.monotonic(), 0.1), timeout_handshake)
+                return
+            except BrokerError as exc:
+                retry = self.hello.role == "trainer" and exc.code == ErrorCode.BROKER_FULL.value
+                if not retry or time.monotonic() + delay > deadline:
+                    raise
+                log.info("broker full, retrying", address=str(self.address), delay_s=delay)
+            time.sleep(delay)
+            delay = min(delay * 2, MAX_BACKOFF)
 
     def _open(self, timeout_connect: float, timeout_handshake: float | None) -> None:
         """Connect (with backoff), say hello and read the welcome, on a fresh protocol state.

@@ -233,6 +233,8 @@ def json_step(info: str = "{}", reward: str = "0.5", obs: str = "[0.0, 0.0]") ->
         (json_step(reward='"1.5"'), ErrorCode.BAD_STEP),
         (json_step(reward="NaN"), ErrorCode.BAD_STEP),
         (json_step(reward="1e400"), ErrorCode.BAD_STEP),
+        (json_step(reward="1e300"), ErrorCode.BAD_STEP),
+        (json_step(obs="[-1e300, 0.0]"), ErrorCode.BAD_STEP),
         (json_step(obs="[Infinity, 0.0]"), ErrorCode.BAD_STEP),
         (json_step(obs='["0.5", 0.0]'), ErrorCode.BAD_STEP),
     ],
@@ -267,6 +269,12 @@ def test_discrete_action_beyond_int32_is_refused_not_wrapped(dtype: Any) -> None
     fine = {"pick": canonical_actions(np.array([2, 1], dtype), "int32"), "move": np.zeros((2, 1), np.float32)}
     check_rows(fine, SPACES.action, 2, "act", ErrorCode.BAD_ACTIONS)
     assert fine["pick"].dtype == np.int32
+
+
+def test_float64_action_beyond_float32_is_refused_as_non_finite() -> None:
+    actions = {"pick": np.zeros(2, np.int32), "move": canonical_actions(np.full((2, 1), 1e300), "float32")}
+    error = refusal(check_rows, actions, SPACES.action, 2, "act", ErrorCode.BAD_ACTIONS)
+    assert error.code is ErrorCode.BAD_ACTIONS and "finite" in error.message
 
 
 def test_json_discrete_action_beyond_int32_is_refused_not_wrapped() -> None:

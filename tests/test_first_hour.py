@@ -220,3 +220,25 @@ def test_demo_output_is_ignored_by_git() -> None:
         cwd=Path(__file__).resolve().parents[1],
     )
     assert ignored.returncode == 0
+
+
+GODOT_RL_TRAINING_SCRIPT = """
+import sys
+from godot_rl.core.godot_env import GodotEnv
+GodotEnv(env_path=None, port=int(sys.argv[1]))  # listens for "the game", as a godot_rl script does
+"""
+
+
+def test_a_trainer_pointed_at_a_godot_rl_script_is_told_it_is_not_a_broker() -> None:
+    port = free_port()
+    script = spawn_python("-c", GODOT_RL_TRAINING_SCRIPT, str(port), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        address = f"127.0.0.1:{port}"
+        with pytest.raises(BrokerError) as raised:
+            BrokerVecEnv("mover", address, timeout_connect=60)  # retries until the script listens
+    finally:
+        script.kill()
+        script.wait()
+    assert raised.value.code == "not_a_broker"
+    assert address in raised.value.message and "plain godot_rl server" in raised.value.message

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from broker.core.hub import IDLE_TICK_S
@@ -79,10 +80,8 @@ def test_barrier_stall_is_logged_and_gdrl_train_is_told_why(tmp_path: Path) -> N
             stop(game)
 
 
-godot_rl = pytest.importorskip("godot_rl.core.godot_env", reason="needs `pip install --no-deps godot-rl==0.8.2`")
-
-
 def test_barrier_stall_is_logged_for_a_godot_rl_script_waiting_through_the_broker(tmp_path: Path) -> None:
+    pytest.importorskip("godot_rl.core.godot_env", reason="needs `pip install --no-deps godot-rl==0.8.2`")
     port = free_port()
     script = spawn_python(
         "-m", "tests.scripts.godot_rl_sb3_train", "--port", str(port), "--timesteps", "100000",
@@ -106,6 +105,7 @@ def test_barrier_stall_is_logged_for_a_godot_rl_script_waiting_through_the_broke
 
 
 def test_godot_rl_script_gets_lock_step_by_default_and_others_keep_hold(tmp_path: Path) -> None:
+    pytest.importorskip("godot_rl.core.godot_env", reason="needs `pip install --no-deps godot-rl==0.8.2`")
     port = free_port()
     script = spawn_python(
         "-m", "tests.scripts.godot_rl_sb3_train", "--port", str(port), "--timesteps", "600",
@@ -171,3 +171,24 @@ def test_status_shows_waiting_trainers_and_one_of_two_games(tmp_path: Path) -> N
         assert early[name]["state"] == "waiting for games: 0/2" and early[name]["agents"] == 0
         assert half[name]["agents"] == 4 and half[name]["trainer"] == early[name]["trainer"]
         assert half[name]["state"] == "waiting for games: 1/2" and half[name]["envs"] == 0
+
+
+def test_status_rates_fall_to_zero_once_the_trainer_leaves(tmp_path: Path) -> None:
+    from clients.vec_env import BrokerVecEnv
+
+    with broker_process(tmp_path) as (_, address):
+        game = spawn_python("-m", "broker", "sim-game", "--address", address, stdout=subprocess.DEVNULL)
+        try:
+            env = BrokerVecEnv("mover", address, name="t-mover")
+            env.reset()
+            for _ in range(50):
+                env.step(np.array([env.action_space.sample() for _ in range(env.num_envs)]))
+            busy = status(address)["policies"]["mover"]
+            env.close()
+            time.sleep(11.0)  # longer than the 10 s rate window
+            gone = status(address)["policies"]["mover"]
+        finally:
+            stop(game)
+    assert busy["steps_per_s"] > 0 and busy["trainer"] == "t-mover" and busy["state"] == "training"
+    assert gone["steps_per_s"] == 0.0 and gone["trainer"] is None and gone["state"] == "no trainer"
+    assert gone["env_steps"] >= 4 * 50 and gone["held_fraction"] > busy["held_fraction"]

@@ -82,7 +82,7 @@ def blue_act(step: int, n: int) -> TrainerAct:
 
 
 def test_two_games_two_policies_route_rows_and_actions() -> None:
-    hub = Hub(expected_games=2)
+    hub = Hub(expected_games=2, clock=lambda: 0.0)  # no hold deadline passes while the test checks arrays
     red_t, blue_t = FakeLink("red-trainer"), FakeLink("blue-trainer")
     red = hub.add_trainer(red_t, trainer_hello("red"))
     blue = hub.add_trainer(blue_t, trainer_hello("blue"))

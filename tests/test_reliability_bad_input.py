@@ -171,6 +171,7 @@ class VictimGame:
 
     def leave(self) -> None:
         self.stopping.set()
+        self.client.timeout_reconnect = 0  # a step cut short by our own close must not reconnect
         self.client.close("victim leaves")
         self.thread.join(timeout=10)
 

@@ -108,11 +108,17 @@ def test_every_hello_must_carry_the_token_and_the_token_is_never_logged(tmp_path
 
 
 def test_connection_limit(tmp_path: Path) -> None:
+    """--limit-connections counts admitted peers (after hello); silent ones have their own budget."""
     with broker(tmp_path, "--limit-connections", "4", "--log-json", "--status-interval", "0") as b:
-        held = [RawPeer(b.address) for _ in range(4)]
-        for peer in held:
+        held = []
+        for i in range(4):  # trainers of policies no game announced yet: admitted, waiting
+            peer = RawPeer(b.address)
             assert peer.read_greeting()[0]["type"] == "handshake"
+            peer.send_message(Hello("trainer", PROTOCOL_VERSION, f"t{i}", policy=f"p{i}").to_wire())
+            assert (peer.read_message() or {})["type"] == "welcome"
+            held.append(peer)
         with RawPeer(b.address) as fifth:
+            fifth.send_message(Hello("trainer", PROTOCOL_VERSION, "t5", policy="p5").to_wire())
             error = fifth.error_then_close()
         assert error["code"] == "broker_full" and error["message"] == "connection limit 4 reached"
         wait_until(lambda: peer_errors(b.log(), fifth), 10, "the broker_full log line")

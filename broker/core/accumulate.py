@@ -5,6 +5,9 @@ tick until the trainer next receives the slot's rows. Per agent it keeps the new
 summed since the last delivery, the number of ticks (``frames``), and the first episode end: once an agent's
 episode has ended its transition is closed (reward, flags and final observation are frozen) while its
 observation keeps following the new episode, so the trainer acts on the newest state.
+Infos are never merged across ticks (a game sending new keys every tick would grow them without bound
+while its policy is held): an open row's info is the newest tick's, a closed row keeps the info of the
+tick that closed it. So a slot holds at most one tick's infos, whatever the number of held ticks.
 With one tick per delivery (strict stepping) the result is exactly that tick.
 """
 
@@ -47,7 +50,8 @@ class SlotAccumulator:
             self._store_finals(step, ended)
         self.obs = step.obs
         for row, info in step.infos.items():
-            self.infos.setdefault(row, {}).update(info)
+            if open_rows[row]:  # replaced, not merged; closed rows keep the info their episode ended with
+                self.infos[row] = dict(info)
 
     def _store_finals(self, step: StepData, rows: np.ndarray) -> None:
         """Keep the final observation of the ``rows`` whose episode ended in ``step``."""

@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
+from broker.protocol.errors import ErrorCode, LocalProtocolError
 from broker.protocol.messages import StepData
 from broker.protocol.spaces import DTYPES, PolicySpaces
+
+# What replaces an info the trainer's codec cannot carry: the row still arrives, and says why it has no info.
+DROPPED_INFO = {"info_dropped": "not encodable for this trainer"}
+
+
+class UnencodableMessage(LocalProtocolError):
+    """A link's ``send`` could not encode the message for its peer, and wrote nothing.
+
+    ``encodable`` says whether one value can be encoded in that peer's codec, so the caller can find the
+    part of the message at fault (a game's info, say) and send the rest.
+    """
+
+    def __init__(self, message: str, encodable: Callable[[Any], bool]) -> None:
+        super().__init__(ErrorCode.INTERNAL, message)
+        self.encodable = encodable
+
+
+def drop_unencodable_infos(data: StepData, encodable: Callable[[Any], bool]) -> tuple[StepData, list[int]]:
+    """``data`` with every info that ``encodable`` refuses replaced by ``DROPPED_INFO``; and those rows."""
+    rows = {row for row, info in data.infos.items() if not encodable(info)}
+    infos = {row: (dict(DROPPED_INFO) if row in rows else info) for row, info in data.infos.items()}
+    kept = StepData(
+        data.obs,
+        data.reward,
+        data.terminated,
+        data.truncated,
+        data.final_index,
+        data.final_obs,
+        infos,
+        data.frames,
+    )
+    return kept, sorted(rows)
 
 
 def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
@@ -14,7 +50,8 @@ def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
     if array.dtype == target:
         return array
     if target.kind == "f" and array.dtype.kind == "f":
-        return array.astype(target)
+        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, which check_rows refuses
+            return array.astype(target)
     if target.kind == "i" and array.dtype.kind in "iu":
         limits = np.iinfo(target)
         if array.size and (array.min() < limits.min or array.max() > limits.max):

@@ -21,7 +21,8 @@ Theory of operation
   reports every agent of the slot as truncated, with the last observation the trainer saw as the
   final observation, so SB3's episode bookkeeping stays right.
 * A lost trainer: the batch it did not answer is sent again to the next trainer of that policy.
-Memory is bounded by one accumulator per slot and policy, and one open batch per policy.
+Memory is bounded by one accumulator per slot and policy (infos replaced, never merged, across held
+ticks), and one open batch per policy. A batch counts as sent only once its link has encoded it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 import structlog
 
 from broker.core.accumulate import SlotAccumulator
-from broker.core.batching import canonical_actions, concatenate_rows
+from broker.core.batching import UnencodableMessage, canonical_actions, concatenate_rows, drop_unencodable_infos
 from broker.core.metrics import PolicyMetrics
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
@@ -592,8 +593,11 @@ class Hub:
         with_frames = policy.options.mode == "hold"
         parts = [policy.round[s].step_data(with_frames) for s in slots]
         data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
-        policy.step += 1
-        batch = Batch(policy.step, data)
+        batch = self._send_batch(policy, trainer, Batch(policy.step + 1, data))
+        if batch is None:
+            return
+        data = batch.data
+        policy.step += 1  # marked sent only now that it was encoded and written
         now = self.clock()
         policy.outstanding = batch
         policy.outstanding_since = now
@@ -604,12 +608,45 @@ class Hub:
         policy.round = {}
         policy.metrics.record_batch(data, now - trainer.wants_since, now)
         trainer.wants_batch = False
-        trainer.link.send(batch)
+
+    def _send_batch(self, policy: PolicyState, trainer: TrainerSession, batch: Batch) -> Batch | None:
+        """Send ``batch``, or the batch minus the infos its trainer's codec cannot carry (logged with the
+        games they came from); None, and the trainer closed, if even that cannot be encoded (our bug)."""
+        try:
+            trainer.link.send(batch)
+            return batch
+        except UnencodableMessage as exc:
+            data, rows = drop_unencodable_infos(batch.data, exc.encodable)
+            log.error(
+                "batch not encodable, infos dropped",
+                policy=policy.name,
+                trainer=trainer.link.label,
+                rows=rows[:16],
+                games=sorted({self._game_label(policy, row) for row in rows}),
+                error=exc.message,
+            )
+        try:
+            batch = Batch(batch.step, data)
+            trainer.link.send(batch)
+            return batch
+        except UnencodableMessage as exc:
+            log.error("batch not encodable", policy=policy.name, trainer=trainer.link.label, error=exc.message)
+            trainer.link.close(Error(ErrorCode.INTERNAL.value, "the broker could not encode the batch"))
+            return None
+
+    def _game_label(self, policy: PolicyState, row: int) -> str:
+        """The game whose agents fill env ``row`` of ``policy``."""
+        for s, start in policy.offsets.items():
+            game = self.slots[s].game
+            if game is not None and start <= row < start + game.groups[policy.name].n_agents:
+                return game.label
+        return f"row {row}"
 
     def trainer_reset(self, trainer: TrainerSession) -> None:
         policy = self.policies.get(trainer.policy)
         if policy is not None and policy.outstanding is not None and policy.trainer is trainer:
-            trainer.link.send(policy.outstanding)  # a new or restarted trainer picks up the open batch
+            # A new or restarted trainer picks up the open batch (its codec may carry less than the last one's).
+            policy.outstanding = self._send_batch(policy, trainer, policy.outstanding) or policy.outstanding
             return
         trainer.wants_batch = True
         trainer.wants_since = self.clock()

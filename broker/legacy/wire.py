@@ -39,6 +39,7 @@ GODOT_RL_MAJOR: Final = "0"
 GODOT_RL_MINOR: Final = "7"
 DEFAULT_POLICY: Final = "shared_policy"  # what godot_rl assumes when a plugin sends no policy names
 IMAGE_MARK: Final = "2d"
+FLOAT32_MAX: Final = float(np.finfo(np.float32).max)  # godot_rl's numbers all travel on as float32
 
 
 def is_image_key(key: str) -> bool:
@@ -245,6 +246,8 @@ def _numbers(values: Any, what: str, code: ErrorCode) -> np.ndarray:
         raise RemoteProtocolError(code, f"{what}: expected numbers, got {summarize(values)}")
     array = array.astype(np.float64)
     check_finite(array, what, code)
+    if array.size and np.abs(array).max() > FLOAT32_MAX:  # would become an infinity as float32
+        raise RemoteProtocolError(code, f"{what}: values must be finite as float32 (|x| <= {FLOAT32_MAX:.3g})")
     return array
 
 

@@ -21,8 +21,10 @@ class ServerConfig:
     token: str | None = None
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_pending_bytes: int = 256 * 1024 * 1024  # unsent bytes to one peer before we drop it
-    limit_connections: int = 256
+    limit_connections: int = 256  # admitted peers (after hello)
+    limit_before_hello: int = 128  # connections that have not said hello yet; the oldest is shed when full
     timeout_hello: float = 30.0
+    timeout_frame: float = 10.0  # once a frame has started after hello, it must be complete within this
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
     metrics_port: int | None = None  # Prometheus text endpoint, always on loopback (127.0.0.1); off by default
@@ -55,6 +57,10 @@ class ServerConfig:
             raise ValueError(f"--hold-action must be one of {HOLD_ACTIONS}")
         if self.deadline_ms is not None and self.deadline_ms < 0:
             raise ValueError("--deadline-ms must be >= 0")
+        if self.limit_connections < 1 or self.limit_before_hello < 1:
+            raise ValueError("--limit-connections and --limit-before-hello must be at least 1")
+        if self.timeout_frame <= 0:
+            raise ValueError("--timeout-frame must be > 0")
         if self.n_parallel < 1:
             raise ValueError("--n-parallel must be at least 1")
         if self.action_repeat is not None and self.action_repeat < 1:

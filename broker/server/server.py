@@ -18,12 +18,15 @@ from typing import Any, cast
 
 import structlog
 
+from broker.core.batching import UnencodableMessage
 from broker.core.hub import GameSession, Hub, TrainerSession
 from broker.legacy.edge import GodotRlGames
 from broker.protocol import PROTOCOL_VERSION
+from broker.protocol.codec import encode_body
 from broker.protocol.connection import BrokerConnection, LegacyMessage
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.protocol.messages import (
+    Batch,
     Close,
     Error,
     GameStep,
@@ -35,9 +38,14 @@ from broker.protocol.messages import (
     Welcome,
 )
 from broker.server.config import ServerConfig
-from broker.tuning import tune_allocator
+from broker.status import wire_safe
+from broker.tuning import trim_heap, tune_allocator
 
 log = structlog.get_logger("gdrl.server")
+
+# A peer that buffered this much at once (a large frame) has its freed memory handed back when it leaves.
+LARGE_FRAME_BYTES = 1 << 20
+TRIM_DELAY_S = 0.5  # heap trims after departures are coalesced: at most one per this interval
 
 
 class PeerProtocol(asyncio.Protocol):
@@ -51,6 +59,9 @@ class PeerProtocol(asyncio.Protocol):
         self.trainer: TrainerSession | None = None
         self.closing = False
         self._hello_timer: asyncio.TimerHandle | None = None
+        self._frame_timer: asyncio.TimerHandle | None = None
+        self.admitted = False  # past hello: counts against --limit-connections, not --limit-before-hello
+        self.large_frames = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.legacy_close: Any = None  # set by the godot_rl adapter: how to say goodbye to such a game
         self.legacy_send: Callable[[Message], None] | None = None  # set by the godot_rl adapter: hub -> JSON
@@ -70,25 +81,52 @@ class PeerProtocol(asyncio.Protocol):
         self.server.connections.add(self)
         writer.write(self.connection.greeting())  # first, so a refused client reads the error as ours
         self._loop = asyncio.get_running_loop()
-        if len(self.server.connections) > self.server.config.limit_connections:
-            self._fail(ErrorCode.BROKER_FULL, f"connection limit {self.server.config.limit_connections} reached")
-            return
+        self.server.before_hello[self] = None
+        limit = self.server.config.limit_before_hello
+        if len(self.server.before_hello) > limit:  # silent connections must not lock out real peers
+            oldest = next(iter(self.server.before_hello))
+            oldest._fail(ErrorCode.BROKER_FULL, f"{limit} connections are waiting for hello; the oldest is shed")
         self._hello_timer = self._loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)
 
     def data_received(self, data: bytes) -> None:
         self.connection.receive_data(data)
+        if self.connection.buffered_bytes >= LARGE_FRAME_BYTES:
+            self.large_frames = True
+        frames = 0
         try:
             while not self.closing:
                 event = self.connection.next_event()
                 if event is None:
                     break
+                frames += 1
                 self._handle(event)
         except ProtocolError as exc:
             self._fail(exc.code, exc.message)
         except Exception as exc:  # a bug must cost one connection, not the broker
             log.exception("internal error", peer=self.label)
-            self._fail(ErrorCode.INTERNAL, f"internal broker error: {exc}")
+            self._fail(ErrorCode.INTERNAL, f"internal broker error: {type(exc).__name__}: {str(exc)[:200]}")
+        if not self.closing:
+            self._watch_frame_progress(frames)
+
+    def _watch_frame_progress(self, completed_frames: int) -> None:
+        """After hello, a started frame must be whole within --timeout-frame: a peer that trickles bytes
+        must not hold its slot (and, in barrier mode, its policy) forever. Each completed frame restarts it."""
+        if not self.admitted or self._loop is None:
+            return
+        if not self.connection.buffered_bytes:
+            if self._frame_timer is not None:
+                self._frame_timer.cancel()
+                self._frame_timer = None
+        elif self._frame_timer is None or completed_frames:
+            if self._frame_timer is not None:
+                self._frame_timer.cancel()
+            self._frame_timer = self._loop.call_later(self.server.config.timeout_frame, self._frame_timed_out)
+
+    def _frame_timed_out(self) -> None:
+        received = self.connection.buffered_bytes
+        timeout = self.server.config.timeout_frame
+        self._fail(ErrorCode.SLOW_PEER, f"a frame is still incomplete {timeout:g} s after it began ({received} bytes)")
 
     def eof_received(self) -> bool | None:
         unfinished = self.connection.buffered_bytes
@@ -98,9 +136,14 @@ class PeerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        if self._hello_timer is not None:
-            self._hello_timer.cancel()
+        for timer in (self._hello_timer, self._frame_timer):
+            if timer is not None:
+                timer.cancel()
         self.server.connections.discard(self)
+        self.server.before_hello.pop(self, None)
+        self.server.admitted.discard(self)
+        if self.large_frames or self.game is not None:
+            self.server.schedule_heap_trim()
         if self.game is not None:
             self.hub.remove_game(self.game)
         if self.trainer is not None:
@@ -111,18 +154,19 @@ class PeerProtocol(asyncio.Protocol):
 
     def _handle(self, event: Message | LegacyMessage) -> None:
         if isinstance(event, LegacyMessage):
-            self._cancel_hello_timer()
+            self._admit()
             self.server.handle_legacy(self, event)
         elif isinstance(event, Hello):
             self._cancel_hello_timer()
             self._check_token(event)
+            self._admit()
             if event.role == "game":
                 self.game = self.hub.add_game(self, event)
             elif event.role == "trainer":
                 self.trainer = self.hub.add_trainer(self, event)
             else:  # an observer: status once, then goodbye
                 self.send(Welcome(PROTOCOL_VERSION, 0))
-                self.send(Status(self.server.status()))
+                self.send(Status(wire_safe(self.server.status())))
                 self.close(Close("status sent"))
         elif isinstance(event, GameStep):
             assert self.game is not None
@@ -147,6 +191,18 @@ class PeerProtocol(asyncio.Protocol):
         if not hmac.compare_digest(given, expected.encode()):
             raise RemoteProtocolError(ErrorCode.AUTH_FAILED, "missing or wrong token")
 
+    def _admit(self) -> None:
+        """Move from the before-hello budget to the admitted one (once), or refuse with broker_full."""
+        if self.admitted:
+            return
+        self._cancel_hello_timer()
+        self.server.before_hello.pop(self, None)
+        limit = self.server.config.limit_connections
+        if len(self.server.admitted) >= limit:
+            raise RemoteProtocolError(ErrorCode.BROKER_FULL, f"connection limit {limit} reached")
+        self.admitted = True
+        self.server.admitted.add(self)
+
     def _cancel_hello_timer(self) -> None:
         if self._hello_timer is not None:
             self._hello_timer.cancel()
@@ -167,9 +223,28 @@ class PeerProtocol(asyncio.Protocol):
         if self.legacy_send is not None:  # a godot_rl plugin game: its adapter speaks JSON for the hub
             self.legacy_send(message)
             return
-        self.transport.write(self.connection.send(message))
+        try:
+            frame = self.connection.send(message)
+        except ProtocolError:
+            raise
+        except Exception as exc:  # data from some peer that this peer's codec cannot carry: nothing written
+            problem = f"cannot encode '{message.TYPE}' for {self.label}: {type(exc).__name__}: {str(exc)[:200]}"
+            if isinstance(message, Batch):  # the hub drops the unencodable part and blames its game
+                raise UnencodableMessage(problem, self._encodable) from None
+            log.error("message not encodable", peer=self.label, error=problem)
+            self._fail(ErrorCode.INTERNAL, f"the broker could not encode a '{message.TYPE}' message for this peer")
+            return
+        self.transport.write(frame)
         if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
             self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
+
+    def _encodable(self, value: Any) -> bool:
+        """Whether ``value`` encodes in this peer's codec."""
+        try:
+            encode_body(self.connection.codec, {"value": value})
+        except Exception:
+            return False
+        return True
 
     def send_raw(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
@@ -182,12 +257,28 @@ class PeerProtocol(asyncio.Protocol):
         if self.closing or self.transport is None:
             return
         if error is not None and self.connection.state.value != "legacy":
-            with contextlib.suppress(ProtocolError):
-                self.transport.write(self.connection.send(error))
+            self.transport.write(self._last_word(error))
         self.closing = True
+        self.server.before_hello.pop(self, None)  # at once: the next shed picks another connection
         self.transport.close()
         if self._loop is not None and self.transport.get_write_buffer_size():  # unread bytes are not kept forever
             self._loop.call_later(self.server.config.timeout_shutdown, self.transport.abort)
+
+    def _last_word(self, message: Error | Close) -> bytes:
+        """The frame of an error or close; its text made encodable if it quotes something that is not."""
+        safe: Error | Close = (
+            Error(message.code, wire_safe(message.message))
+            if isinstance(message, Error)
+            else Close(wire_safe(message.reason))
+        )
+        for candidate in (message, safe):
+            try:
+                return self.connection.send(candidate)
+            except ProtocolError:
+                return b""
+            except Exception:
+                continue
+        return b""
 
 
 class BrokerServer:
@@ -196,6 +287,9 @@ class BrokerServer:
         self.config = config
         self.hub = hub or Hub(config.expected_games, config.step_options(), scheduler=self._schedule)
         self.connections: set[PeerProtocol] = set()
+        self.before_hello: dict[PeerProtocol, None] = {}  # insertion order: the oldest is shed first
+        self.admitted: set[PeerProtocol] = set()
+        self._trim: asyncio.TimerHandle | None = None
         self._servers: list[asyncio.base_events.Server] = []
         self._status_task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
@@ -212,6 +306,15 @@ class BrokerServer:
                 log.exception("hub timer failed")
 
         return asyncio.get_running_loop().call_later(delay, run)
+
+    def schedule_heap_trim(self) -> None:
+        """Give freed memory back to the OS soon (a large peer or a game left); coalesced."""
+        if self._trim is None:
+            self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim_heap)
+
+    def _trim_heap(self) -> None:
+        self._trim = None
+        trim_heap()
 
     @property
     def port(self) -> int:
@@ -252,7 +355,7 @@ class BrokerServer:
 
         try:
             await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5.0)
-            body = prometheus_text(self.status()).encode()
+            body = prometheus_text(wire_safe(self.status())).encode()
             head = f"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {len(body)}\r\n"
             writer.write(head.encode() + b"Connection: close\r\n\r\n" + body)
             await writer.drain()
@@ -274,6 +377,7 @@ class BrokerServer:
         return {
             "uptime_s": round(time.monotonic() - self.started, 1),
             "connections": len(self.connections),
+            "connections_before_hello": len(self.before_hello),
             **self.hub.snapshot(),
         }
 

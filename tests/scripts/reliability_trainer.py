@@ -53,6 +53,7 @@ class Recorder:
             **extra,
         }
         self.last_write = 0.0
+        self.last_step = 0.0
 
     def problem(self, text: str) -> None:
         if len(self.report["problems"]) < 20:
@@ -80,6 +81,9 @@ class Recorder:
                 self.problem(f"step {r['steps']}: a reconnect step did not end every env truncated")
         r["reconnects"] = self.env.reconnects
         now = time.monotonic()
+        if self.last_step:  # the longest wait between two steps: what a stall of the broker costs us
+            r["longest_gap_s"] = max(r.get("longest_gap_s", 0.0), now - self.last_step)
+        self.last_step = now
         if now - self.last_write > 0.5:
             self.last_write = now
             self.write()

@@ -4,10 +4,13 @@ extends RefCounted
 ##
 ## Agents are godot_rl AIControllers (this addon's or godot_rl_agents' own), used by duck typing.
 ## Episode ends are edge-triggered as in godot_rl: reported once, then cleared with
-## set_done_false(). The observation an episode ended on is captured as soon as the end is seen
-## (the controller's own capture when it has one, as godot_rl plugin PR #65 does). A reset_after
-## timeout counts as truncated: the controller's `truncated` flag, or for controllers without one,
-## needs_reset raised by n_steps > reset_after.
+## set_done_false(). The observation an episode ended on is read when the end is seen, at the
+## start of the next physics tick (BrokerSync runs first in a tick, before the game resets the
+## agent), with get_obs(), or the controller's own capture when it has one (get_obs_done(), as
+## godot_rl plugin PR #65 does); never from inside game code, so setting done never calls get_obs().
+## A reset_after timeout counts as truncated: the controller's `truncated` flag, or for controllers
+## without one, needs_reset raised by n_steps > reset_after. get_info() is optional (godot_rl
+## controllers made before October 2024 lack it).
 
 const Messages := preload("messages.gd")
 const Spaces := preload("spaces.gd")
@@ -17,7 +20,6 @@ const REQUIRED_METHODS: Array[String] = [
 	"get_action_space",
 	"get_reward",
 	"set_action",
-	"get_info",
 	"zero_reward",
 	"set_done_false",
 ]
@@ -33,6 +35,10 @@ var _ended: Array[bool] = []
 var _truncated: Array[bool] = []
 var _finals: Dictionary = {}
 var _timeout_reported: Array[bool] = []
+# What each controller has, looked up once: property and method lookups cost every tick.
+var _has_truncated_flag: Array[bool] = []
+var _can_time_out: Array[bool] = []
+var _has_info: Array[bool] = []
 
 
 func _init(policy_name: String, members: Array) -> void:
@@ -65,6 +71,9 @@ func _init(policy_name: String, members: Array) -> void:
 		_ended.append(false)
 		_truncated.append(false)
 		_timeout_reported.append(false)
+		_has_truncated_flag.append("truncated" in agent)
+		_can_time_out.append("n_steps" in agent and "reset_after" in agent and "needs_reset" in agent)
+		_has_info.append(agent.has_method("get_info"))
 
 
 ## This group as hello announces it.
@@ -80,7 +89,7 @@ func scan_episode_ends() -> void:
 		var agent: Variant = agents[i]
 		var ended: bool = bool(agent.get("done"))
 		var truncated: bool = false
-		if "truncated" in agent:
+		if _has_truncated_flag[i]:
 			truncated = bool(agent.get("truncated"))
 			ended = ended or truncated
 		elif not ended and _timed_out(i, agent):
@@ -98,7 +107,7 @@ func collect_step() -> Dictionary:
 	var infos: Dictionary = {}
 	for i in agents.size():
 		obs_rows.append(agents[i].get_obs())
-		var info: Variant = agents[i].get_info()
+		var info: Variant = agents[i].get_info() if _has_info[i] else null
 		if typeof(info) == TYPE_DICTIONARY and not info.is_empty():
 			infos[i] = info
 	var rewards: Array = []
@@ -117,6 +126,8 @@ func collect_step() -> Dictionary:
 			agents[i].set_done_false()
 			if agents[i].has_method("set_truncated_false"):
 				agents[i].set_truncated_false()
+			elif _has_truncated_flag[i]:
+				agents[i].set("truncated", false)
 		_ended[i] = false
 		_truncated[i] = false
 	_finals = {}
@@ -150,7 +161,7 @@ func _final_obs(agent: Variant) -> Variant:
 
 ## Controllers without a truncated flag: the first tick of a reset_after timeout (once per timeout).
 func _timed_out(i: int, agent: Variant) -> bool:
-	if not ("n_steps" in agent and "reset_after" in agent and "needs_reset" in agent):
+	if not _can_time_out[i]:
 		return false
 	if int(agent.get("n_steps")) <= int(agent.get("reset_after")):
 		_timeout_reported[i] = false

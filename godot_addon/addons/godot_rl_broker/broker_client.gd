@@ -1,7 +1,9 @@
 extends RefCounted
-## One TCP connection to godot-rl-broker, driven by poll() once a physics tick; nothing here blocks.
+## One TCP connection to godot-rl-broker, driven by poll() once a physics tick. Only
+## wait_for_message() blocks, for at most the time it is given.
 ##
-## connect (retrying with backoff until timeout_connect) -> send hello at once -> skip the broker's
+## connect (every address the host resolves to, IPv4 and IPv6, in turn; then again with backoff
+## until timeout_connect) -> send hello at once -> skip the broker's
 ## two JSON greeting frames (checking broker_protocol) -> welcome -> READY. Afterwards messages
 ## from the broker queue up for take_message(). Every frame goes out in one put_data call.
 
@@ -13,6 +15,9 @@ const FIRST_RETRY_SEC: float = 0.1
 const MAX_RETRY_SEC: float = 2.0
 const MAX_QUEUED_MESSAGES: int = 16
 const MAX_READ_BYTES: int = 1 << 20
+## Sleep between polls in wait_for_message(): short against a decision's budget (~0.9 ms at 1160
+## decisions/s), long enough to leave the CPU to the broker and the trainers on the same machine.
+const WAIT_POLL_USEC: int = 50
 
 var state: State = State.IDLE
 ## Why the connection ended; "" after an orderly close (then see close_reason).
@@ -24,6 +29,9 @@ var peer_id: int = -1
 var address: String = ""
 
 var _host: String = ""
+## The addresses of _host tried in this round, and which one is being tried.
+var _addresses := PackedStringArray()
+var _address_index: int = 0
 var _port: int = 0
 var _hello: Dictionary = {}
 var _tcp: StreamPeerTCP = null
@@ -56,6 +64,17 @@ func poll() -> void:
 				_attempt()
 		State.HANDSHAKE, State.READY:
 			_poll_connected()
+
+
+## Polls until a message from the broker is waiting or the connection is no longer READY, for at
+## most timeout_usec. Returns at once when a message is already waiting.
+func wait_for_message(timeout_usec: int) -> void:
+	var give_up_at: int = Time.get_ticks_usec() + timeout_usec
+	while _inbox.is_empty() and state == State.READY:
+		poll()
+		if not _inbox.is_empty() or state != State.READY or Time.get_ticks_usec() >= give_up_at:
+			return
+		OS.delay_usec(WAIT_POLL_USEC)
 
 
 func is_ready() -> bool:
@@ -113,20 +132,41 @@ func begin_handshake_without_socket() -> void:
 	address = "test"
 
 
+## Starts a round: resolves the host (again: addresses may change) and tries its first address.
 func _attempt() -> void:
 	_disconnect()
-	var ip: String = _host
-	if not _host.is_valid_ip_address():
-		ip = IP.resolve_hostname(_host, IP.TYPE_ANY)
-	if ip.is_empty():
+	_address_index = 0
+	_addresses = _resolve(_host)
+	if _addresses.is_empty():
 		_retry_later("cannot resolve host '%s'" % _host)
 		return
+	_connect_current()
+
+
+## Every address of host, IPv4 and IPv6 (a name like localhost may give ::1 before its IPv4 one).
+func _resolve(host: String) -> PackedStringArray:
+	if host.is_valid_ip_address():
+		return PackedStringArray([host])
+	return IP.resolve_hostname_addresses(host, IP.TYPE_ANY)
+
+
+func _connect_current() -> void:
+	_disconnect()
 	_tcp = StreamPeerTCP.new()
-	var result: Error = _tcp.connect_to_host(ip, _port)
+	var result: Error = _tcp.connect_to_host(_addresses[_address_index], _port)
 	if result != OK:
-		_retry_later("connect_to_host failed: %s" % error_string(result))
+		_try_next_address("connect_to_host failed: %s" % error_string(result))
 		return
 	state = State.CONNECTING
+
+
+## The next resolved address at once, or (all tried) the next round after the backoff.
+func _try_next_address(why: String) -> void:
+	_address_index += 1
+	if _address_index < _addresses.size():
+		_connect_current()
+		return
+	_retry_later("%s (tried %s)" % [why, ", ".join(_addresses)])
 
 
 func _poll_connecting() -> void:
@@ -141,7 +181,7 @@ func _poll_connecting() -> void:
 			if Time.get_ticks_msec() > _deadline_msec:
 				_give_up("no answer")
 		_:
-			_retry_later("connection refused or failed")
+			_try_next_address("connection refused or failed")
 
 
 func _poll_connected() -> void:

@@ -5,12 +5,13 @@ extends Node
 ## Put it in the scene in place of godot_rl_agents' Sync node; the AIControllers stay as they are.
 ## It finds the AIControllers (node group "AGENT"), groups the TRAINING ones by policy_name,
 ## announces each group's spaces, and at every decision tick (every action_repeat physics ticks)
-## sends all groups' observations, rewards and episode ends in one step message, then pauses the
-## tree until the actions come back and applies them. A group the broker leaves out of an answer is
+## sends all groups' observations, rewards and episode ends in one step message, waits (at most
+## wait_for_actions_ms) for the actions and applies them; an answer later than that keeps the tree
+## paused until a later physics tick brings it. A group the broker leaves out of an answer is
 ## held: its agents keep their previous action. HUMAN agents are played by you; ONNX_INFERENCE
 ## agents run their policy's .onnx file (Godot .NET, see docs/godot_addon.md).
 ## Command line, as godot_rl games take it: --host= --port= --token= --speedup= --action_repeat=
-## --env_seed= (the game quits when the broker closes the connection).
+## --env_seed= --wait_for_actions_ms= (the game quits when the broker closes the connection).
 
 enum ControlModes { HUMAN, TRAINING, ONNX_INFERENCE }
 
@@ -27,10 +28,12 @@ const AGENT_TRAINING: int = 2
 const AGENT_ONNX: int = 3
 const AGENT_RECORD_DEMOS: int = 4
 const BASE_PHYSICS_TICKS: int = 60
+## The seed without --env_seed=, as godot_rl's Sync.
+const DEFAULT_SEED: int = 1
 
 ## Mode of the agents whose control_mode is INHERIT_FROM_SYNC.
 @export var control_mode: ControlModes = ControlModes.TRAINING
-## Broker host name or IP address; --host= on the command line overrides it.
+## Broker host name or IP address (every address a name resolves to is tried); --host= overrides it.
 @export var host: String = "127.0.0.1"
 ## Broker port (one port for every game and trainer); --port= overrides it.
 @export var port: int = 11008
@@ -46,6 +49,13 @@ const BASE_PHYSICS_TICKS: int = 60
 @export var timeout_connect: float = 60.0
 ## This game's name in the broker's logs (default: the project name and the process id).
 @export var game_name: String = ""
+## Milliseconds a decision tick waits for the broker's answer right after sending its step, as
+## godot_rl's Sync blocks for its answer: the actions then act from that same tick. The default
+## covers the broker's hold deadline (20 to 100 ms), so a held answer lands in the same tick too.
+## An answer later than this (a barrier-stepped trainer that is busy) is picked up by a later
+## physics tick while the tree stays paused, so the game never freezes longer than this. 0: never
+## wait in a tick (one decision per rendered frame at most). --wait_for_actions_ms= overrides it.
+@export_range(0.0, 1000.0, 1.0, "or_greater") var wait_for_actions_ms: float = 100.0
 
 ## Command-line arguments as a Dictionary (like godot_rl's Sync.args), for game code to read.
 var args: Dictionary = {}
@@ -55,6 +65,7 @@ var tick: int = 0
 var _client: Client = null
 var _groups: Array = []
 var _onnx_agents: Array = []
+var _human_agents: Array = []
 var _onnx_models: Dictionary = {}
 var _ticks_left: int = 0
 var _awaiting_actions: bool = false
@@ -130,7 +141,11 @@ func _initialize() -> void:
 
 
 func _apply_args() -> void:
-	host = str(args.get("host", host))
+	if args.has("host"):
+		if str(args["host"]).strip_edges().is_empty():
+			push_error("BrokerSync: --host needs a value (--host=NAME_OR_ADDRESS); using %s" % host)
+		else:
+			host = str(args["host"]).strip_edges()
 	port = _int_arg("port", port, 1, 65535)
 	token = str(args.get("token", token))
 	action_repeat = _int_arg("action_repeat", action_repeat, 1, 1 << 20)
@@ -140,8 +155,16 @@ func _apply_args() -> void:
 			speed_up = text.to_float()
 		else:
 			push_error("BrokerSync: --speedup=%s is not a positive number; using %s" % [text, speed_up])
-	if args.has("env_seed"):
-		seed(_int_arg("env_seed", 0, -(1 << 62), 1 << 62))
+	if args.has("wait_for_actions_ms"):
+		var wait_text: String = str(args["wait_for_actions_ms"])
+		if wait_text.is_valid_float() and wait_text.to_float() >= 0.0:
+			wait_for_actions_ms = wait_text.to_float()
+		else:
+			push_error(
+				"BrokerSync: --wait_for_actions_ms=%s is not a number >= 0; using %s"
+				% [wait_text, wait_for_actions_ms]
+			)
+	seed(_int_arg("env_seed", DEFAULT_SEED, -(1 << 62), 1 << 62))
 	Engine.physics_ticks_per_second = roundi(BASE_PHYSICS_TICKS * speed_up)
 	Engine.time_scale = speed_up
 
@@ -169,12 +192,10 @@ func _collect_agents() -> Dictionary:
 				training[policy] = []
 			training[policy].append(agent)
 			_set_heuristic(agent, "model")
-			if "store_obs_done" in agent:
-				agent.set("store_obs_done", true)
 		elif mode == AGENT_ONNX:
 			_add_onnx_agent(agent)
 		else:
-			_set_heuristic(agent, "human")
+			_play_as_human(agent)
 	return training
 
 
@@ -198,6 +219,11 @@ func _policy_of(agent: Node) -> String:
 	return "shared_policy"
 
 
+func _play_as_human(agent: Node) -> void:
+	_set_heuristic(agent, "human")
+	_human_agents.append(agent)
+
+
 func _set_heuristic(agent: Node, value: String) -> void:
 	if agent.has_method("set_heuristic"):
 		agent.call("set_heuristic", value)
@@ -214,7 +240,7 @@ func _add_onnx_agent(agent: Node) -> void:
 			% [str(agent.get_path()), policy]
 			+ "BrokerSync.onnx_models or the agent's onnx_model_path; it plays as HUMAN"
 		)
-		_set_heuristic(agent, "human")
+		_play_as_human(agent)
 		return
 	if not _onnx_models.has(path):
 		_onnx_models[path] = OnnxPolicy.new(path)
@@ -227,7 +253,7 @@ func _add_onnx_agent(agent: Node) -> void:
 		push_error("BrokerSync: %s cannot run %s (%s); it plays as HUMAN" % [
 			str(agent.get_path()), path, problem
 		])
-		_set_heuristic(agent, "human")
+		_play_as_human(agent)
 		return
 	_set_heuristic(agent, "model")
 	_onnx_agents.append({"agent": agent, "model": model, "action_space": spaces["action_space"]})
@@ -264,6 +290,7 @@ func _handle_messages() -> bool:
 
 func _decision_tick() -> void:
 	_run_onnx_agents()
+	_clear_human_episode_ends()
 	if _client == null:
 		_ticks_left = action_repeat - 1
 		return
@@ -278,7 +305,21 @@ func _decision_tick() -> void:
 		_on_broker_closed()
 		return
 	_awaiting_actions = true
-	get_tree().paused = true
+	_wait_for_actions()
+	if _awaiting_actions and not _quitting:
+		get_tree().paused = true  # late answer: the world holds; a later physics tick picks it up
+
+
+## Waits up to wait_for_actions_ms for this step's actions and applies them when they come.
+func _wait_for_actions() -> void:
+	if wait_for_actions_ms <= 0.0:
+		return
+	_client.wait_for_message(int(wait_for_actions_ms * 1000.0))
+	if _client.is_closed():
+		_on_broker_closed()
+		return
+	if _handle_messages() and not _awaiting_actions:
+		_ticks_left -= 1  # the actions act from this very tick, the first of action_repeat
 
 
 func _run_onnx_agents() -> void:
@@ -288,7 +329,7 @@ func _run_onnx_agents() -> void:
 		var result: Dictionary = entry["model"].act(agent.call("get_obs"), entry["action_space"])
 		if result.has("error"):
 			push_error("BrokerSync: %s: %s; it plays as HUMAN" % [str(agent.get_path()), result["error"]])
-			_set_heuristic(agent, "human")
+			_play_as_human(agent)
 			failed.append(entry)
 			continue
 		agent.call("set_action", result["actions"])
@@ -296,6 +337,13 @@ func _run_onnx_agents() -> void:
 			agent.call("set_done_false")  # nobody reports inference episodes: clear as godot_rl does
 	for entry in failed:
 		_onnx_agents.erase(entry)
+
+
+## Nobody reports a HUMAN agent's episodes: clear their done flag every decision tick, as godot_rl.
+func _clear_human_episode_ends() -> void:
+	for agent in _human_agents:
+		if agent.has_method("set_done_false") and "done" in agent and bool(agent.get("done")):
+			agent.call("set_done_false")
 
 
 func _group_summaries() -> PackedStringArray:
@@ -332,3 +380,4 @@ func _shut_down(reason: String) -> void:
 		_onnx_models[path].release()
 	_onnx_models.clear()
 	_onnx_agents.clear()
+	_human_agents.clear()

@@ -114,16 +114,37 @@ static func _pack_obs(observation_space: Dictionary, rows: Array, what: String) 
 	var out: Dictionary = {}
 	for key in observation_space:
 		var space: Dictionary = observation_space[key]
+		var floats: Variant = _flat_floats(space, rows, key)
+		if floats != null:  # the usual case: one conversion for every agent's values of the key
+			var shape_of_floats: Array = [rows.size()] + Spaces.row_shape(space)
+			out[key] = Wire.make_array("float32", shape_of_floats, floats.to_byte_array())
+			continue
 		var data := PackedByteArray()
 		for i in rows.size():
 			var row: Variant = rows[i]
 			if typeof(row) != TYPE_DICTIONARY or not row.has(key):
 				return {"error": "%s of agent %d has no key '%s'" % [what, i, key]}
-			var label: String = "%s '%s' of agent %d" % [what, key, i]
-			var packed: Dictionary = Spaces.row_bytes(space, row[key], label)
-			if packed.has("error"):
-				return packed
+			var packed: Dictionary = Spaces.row_bytes(space, row[key], "")
+			if packed.has("error"):  # the label only now: formatting it every row costs every step
+				return Spaces.row_bytes(space, row[key], "%s '%s' of agent %d" % [what, key, i])
 			data.append_array(packed["bytes"])
 		var shape: Array = [rows.size()] + Spaces.row_shape(space)
 		out[key] = Wire.make_array(Spaces.wire_dtype(space), shape, data)
 	return out
+
+
+## Every row's value of a float32 key as one PackedFloat32Array, when each is a flat Array (or
+## packed float array) of the right size; else null (the row-by-row path checks and reports).
+static func _flat_floats(space: Dictionary, rows: Array, key: String) -> Variant:
+	if Spaces.wire_dtype(space) != "float32":
+		return null
+	var count: int = Wire.element_count(Spaces.row_shape(space))
+	var values: Array = []
+	for row in rows:
+		if typeof(row) != TYPE_DICTIONARY or not row.has(key):
+			return null
+		var value: Variant = row[key]
+		if not Spaces.is_flat_numbers(value, count):
+			return null
+		values.append_array(value if typeof(value) == TYPE_ARRAY else Array(value))
+	return PackedFloat32Array(values)

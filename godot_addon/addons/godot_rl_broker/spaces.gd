@@ -121,6 +121,8 @@ static func row_bytes(space: Dictionary, value: Variant, what: String) -> Dictio
 		data = hex_to_bytes(value)
 	elif dtype == "uint8" and typeof(value) == TYPE_PACKED_BYTE_ARRAY:
 		data = value
+	elif dtype == "float32" and is_flat_numbers(value, count):
+		data = PackedFloat32Array(value).to_byte_array()  # the usual case, without flatten()
 	else:
 		var flat: Array = flatten(value)
 		if flat.size() != count:
@@ -129,6 +131,20 @@ static func row_bytes(space: Dictionary, value: Variant, what: String) -> Dictio
 	if data.size() != count * int(Wire.ITEM_SIZE[dtype]):
 		return {"error": "%s has %d bytes, its space needs %d" % [what, data.size(), count]}
 	return {"bytes": data}
+
+
+## Whether value is an Array (or packed float array) of exactly count numbers.
+static func is_flat_numbers(value: Variant, count: int) -> bool:
+	var kind: int = typeof(value)
+	if kind == TYPE_PACKED_FLOAT32_ARRAY or kind == TYPE_PACKED_FLOAT64_ARRAY:
+		return value.size() == count
+	if kind != TYPE_ARRAY or value.size() != count:
+		return false
+	for item in value:
+		var item_kind: int = typeof(item)
+		if item_kind != TYPE_FLOAT and item_kind != TYPE_INT:
+			return false
+	return true
 
 
 ## Nested Arrays, packed arrays and numbers -> one flat Array of numbers (row-major order).

@@ -8,6 +8,10 @@ extends Node3D
 ## sees needs_reset (calling reset()). Agents with the same policy_name form one agent group,
 ## trained by one trainer. If the godot_rl_agents addon is installed too, delete this addon's
 ## controller/ folder: BrokerSync drives godot_rl's own AIController2D/3D the same way.
+##
+## Its members are exactly those of godot_rl_agents' own, so no subclass written for that
+## plugin clashes with a member it does not know. BrokerSync reads the rest by duck typing: a
+## `truncated` flag or get_obs_done() that your controller declares (godot_rl plugin PR #65).
 
 enum ControlModes {
 	INHERIT_FROM_SYNC,  ## Use the BrokerSync node's mode.
@@ -21,7 +25,7 @@ enum ControlModes {
 @export var control_mode: ControlModes = ControlModes.INHERIT_FROM_SYNC
 ## The .onnx policy for this agent in ONNX_INFERENCE mode (else BrokerSync's file for its policy).
 @export var onnx_model_path: String = ""
-## Physics ticks after which the episode is cut: truncated is set, and needs_reset.
+## Physics ticks after which needs_reset is raised; BrokerSync reports that episode as truncated.
 @export var reset_after: int = 1000
 
 @export_group("Record expert demos mode options")
@@ -41,24 +45,10 @@ var onnx_model = null
 ## "human" when a person plays this agent, "model" when a policy does.
 var heuristic: String = "human"
 ## Set to true when the episode ends; the BrokerSync node reports it once, then clears it.
-var done: bool = false:
-	set(value):
-		if value and not done and store_obs_done:
-			obs_done = get_obs()
-		done = value
-## The episode was cut (time limit) rather than ended; setting it also sets done.
-var truncated: bool = false:
-	set(value):
-		truncated = value
-		if value:
-			done = true
+var done: bool = false
 var reward: float = 0.0
 var n_steps: int = 0
 var needs_reset: bool = false
-## The observation captured when done became true (the episode's last observation).
-var obs_done: Dictionary = {}
-## Capture obs_done when done becomes true.
-var store_obs_done: bool = true
 
 var _player: Node3D
 
@@ -71,10 +61,8 @@ func _ready():
 
 func _physics_process(_delta):
 	n_steps += 1
-	if n_steps > reset_after and not needs_reset:
+	if n_steps > reset_after:
 		needs_reset = true
-		if not done:
-			truncated = true
 
 
 func init(player: Node3D):
@@ -132,13 +120,6 @@ func get_obs_space():
 #endregion
 
 
-## The observation the last episode ended on (emptied once read).
-func get_obs_done() -> Dictionary:
-	var obs: Dictionary = obs_done
-	obs_done = {}
-	return obs
-
-
 func reset():
 	n_steps = 0
 	needs_reset = false
@@ -159,14 +140,6 @@ func get_done():
 
 func set_done_false():
 	done = false
-
-
-func get_truncated():
-	return truncated
-
-
-func set_truncated_false():
-	truncated = false
 
 
 func zero_reward():

@@ -12,11 +12,15 @@ const SUITES: Array = [
 	preload("test_frames.gd"),
 	preload("test_messages.gd"),
 	preload("test_helpers.gd"),
+	preload("test_agents.gd"),
+	preload("test_connection.gd"),
+	preload("test_sync.gd"),
 ]
 const MAX_FOLDERS_UP: int = 6
 
 
-func _init() -> void:
+# _initialize, not _init: the tree runs, so a test may add nodes to root and await its frames.
+func _initialize() -> void:
 	var vectors: Dictionary = _load_vectors(_vectors_path())
 	if vectors.is_empty():
 		quit(2)
@@ -26,12 +30,13 @@ func _init() -> void:
 	for suite_script in SUITES:
 		var suite: Variant = suite_script.new()
 		suite.vectors = vectors
+		suite.tree = self
 		for method in suite.get_method_list():
 			var test_name: String = method["name"]
 			if not test_name.begins_with("test_"):
 				continue
 			suite.failures.clear()
-			var finished: Variant = suite.call(test_name)
+			var finished: Variant = await suite.call(test_name)  # a test may await frames
 			if finished != true:
 				suite.failures.append("did not finish (script error above)")
 			if suite.failures.is_empty():

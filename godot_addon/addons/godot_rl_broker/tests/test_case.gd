@@ -7,6 +7,8 @@ const Wire := preload("../wire.gd")
 ## name -> {"frame", "body" (PackedByteArray), "meaning", "codec", "direction"} from the vectors.
 var vectors: Dictionary = {}
 var failures: Array[String] = []
+## The running SceneTree, for tests that add nodes to its root and await its frames.
+var tree: SceneTree = null
 
 
 func expect(condition: bool, what: String) -> void:

@@ -33,6 +33,7 @@ from broker.protocol.codec import pack, unpack
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import Batch, GameStep, StepData, TrainerAct, message_from_wire
 from broker.protocol.spaces import check_finite
+from broker.tuning import tune_allocator
 
 try:
     import msgspec
@@ -271,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default="1x8,16x64,400x64", help="AGENTSxFLOATS, comma-separated")
     parser.add_argument("--repeat", type=int, default=7, help="timed runs per figure; the best is kept")
     args = parser.parse_args(argv)
+    tune_allocator()  # as the broker and its clients do: 100 KB bodies then do not hit the heap-trim path
     rows = measure(parse_configs(args.configs), args.repeat)
     print(f"msgpack-python {'.'.join(map(str, __import__('msgpack').version))}, msgspec {msgspec.__version__}")
     print(table(rows))

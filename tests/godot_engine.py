@@ -50,12 +50,27 @@ def require_godot() -> Path:
 
 
 def prepare_project(
-    godot: Path, source: Path, destination: Path, *, broker_addon: bool = True, plugin_addon: bool = False
+    godot: Path,
+    source: Path,
+    destination: Path,
+    *,
+    broker_addon: bool = True,
+    plugin_addon: bool = False,
+    overlay: Path | None = None,
 ) -> Path:
-    """Copies a project to ``destination``, copies the addon(s) in and runs ``--import`` once."""
+    """Copies a project to ``destination``, copies the addon(s) in and runs ``--import`` once.
+
+    ``overlay``: a folder whose files are laid over the copy (a variant of the project). With both addons the
+    broker addon's ``controller/`` is left out (docs/godot_addon.md section 1): AIController2D/3D are then
+    the plugin's, driven by either sync node.
+    """
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns(".godot", "addons", "build"))
+    if overlay is not None:
+        shutil.copytree(overlay, destination, dirs_exist_ok=True, ignore=shutil.ignore_patterns("README.md"))
     if broker_addon:
         shutil.copytree(ADDONS, destination / "addons", dirs_exist_ok=True)
+        if plugin_addon:
+            shutil.rmtree(destination / "addons" / "godot_rl_broker" / "controller")
     if plugin_addon:
         if not PLUGIN_FIXTURE.is_dir():
             pytest.fail(f"the godot_rl_agents plugin fixture is missing at {PLUGIN_FIXTURE}")
@@ -69,3 +84,64 @@ def prepare_project(
     cache = destination / ".godot" / "global_script_class_cache.cfg"
     assert cache.exists(), f"--import wrote no class cache (exit {result.returncode}):\n{result.stdout}{result.stderr}"
     return destination
+
+
+def export_template(godot: Path) -> Path:
+    """The export template beside the editor binary (../shared/godot/install.sh unpacks both together)."""
+    templates = sorted(godot.parent.glob("*template*"))
+    if not templates:
+        pytest.fail(f"no export template beside {godot}: exporting needs the template binary there")
+    return templates[0]
+
+
+def export_game(godot: Path, project: Path, output: Path, preset: str = "Linux") -> Path:
+    """Exports ``project`` with the editor to ``output`` (+ ``.pck``) with a Linux/X11 preset naming the template."""
+    template = export_template(godot)
+    (project / "export_presets.cfg").write_text(
+        f'''[preset.0]
+
+name="{preset}"
+platform="Linux/X11"
+runnable=true
+export_filter="all_resources"
+export_path="{output}"
+
+[preset.0.options]
+
+custom_template/debug="{template}"
+custom_template/release="{template}"
+binary_format/embed_pck=false
+binary_format/architecture="x86_64"
+'''
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [str(godot), "--headless", "--path", str(project), "--export-debug", preset, str(output)],
+        capture_output=True,
+        text=True,
+        timeout=IMPORT_TIMEOUT_S,
+    )
+    assert output.exists() and output.with_suffix(".pck").exists(), (
+        f"export wrote no game (exit {result.returncode}):\n{result.stdout}{result.stderr}"
+    )
+    return output
+
+
+def start_game(godot: Path, project: Path, *args: str, log: Path, scene: str | None = None) -> subprocess.Popen[bytes]:
+    """Runs ``project`` headless (its main scene, or ``scene``) with godot_rl-style ``--key=value`` ARGS."""
+    argv = [str(godot), "--headless", "--path", str(project)]
+    if scene is not None:
+        argv.append(scene)
+    with open(log, "ab") as out:
+        return subprocess.Popen([*argv, *args], stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 15.0) -> None:
+    """Ends a process this test started (SIGTERM, then SIGKILL)."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

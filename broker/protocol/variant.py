@@ -88,6 +88,15 @@ def _malformed(message: str) -> RemoteProtocolError:
 def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     """``bytes_to_var`` of a whole frame body, which must be exactly one Dictionary."""
     data = bytes(body)
+    # The common case first: a message of plain types, read without per-read bound checks (a short
+    # read raises struct.error instead). Anything else, valid or not, is read again by the checked
+    # decoder below, which gives the same values or the precise error.
+    try:
+        value, end = _fast_value(data, 0, 0)
+        if end == len(data) and type(value) is dict:
+            return value
+    except (_Unusual, struct.error, UnicodeDecodeError, RecursionError):
+        pass
     try:
         value, end = _Decoder(data).value(0, 0)
     except RecursionError:  # unreachable with MAX_DEPTH, kept so the contract holds regardless
@@ -97,6 +106,77 @@ def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     if not isinstance(value, dict):
         raise _malformed(f"message must be a Dictionary, got {type(value).__name__}")
     return value
+
+
+class _Unusual(Exception):
+    """Raised by the fast decoder for anything it does not read itself: the checked decoder does."""
+
+
+_unpack_u32 = _U32.unpack_from
+_unpack_i32 = _I32.unpack_from
+_unpack_i64 = _I64.unpack_from
+_unpack_f32 = _F32.unpack_from
+_unpack_f64 = _F64.unpack_from
+_INT64_HEADER: Final = INT | FLAG_64
+_FLOAT64_HEADER: Final = FLOAT | FLAG_64
+
+
+def _fast_value(data: bytes, pos: int, depth: int) -> tuple[Any, int]:
+    """The value at ``pos`` for the types a message holds (untyped containers); else ``_Unusual``."""
+    (header,) = _unpack_u32(data, pos)
+    pos += 4
+    if header == STRING:
+        (length,) = _unpack_u32(data, pos)
+        end = pos + 4 + length
+        padded = end + len(_PAD[length % 4])
+        if padded > len(data):
+            raise _Unusual
+        return data[pos + 4 : end].decode("utf-8"), padded
+    if header == DICTIONARY:
+        (count,) = _unpack_u32(data, pos)
+        pos += 4
+        if count > COUNT_MASK or depth >= MAX_DEPTH or pos + count * 8 > len(data):
+            raise _Unusual
+        out: dict[Any, Any] = {}
+        for _ in range(count):
+            key, pos = _fast_value(data, pos, depth + 1)
+            if type(key) is dict or type(key) is list:
+                raise _Unusual
+            out[key], pos = _fast_value(data, pos, depth + 1)
+        return out, pos
+    if header == PACKED_BYTE_ARRAY:
+        (count,) = _unpack_u32(data, pos)
+        start = pos + 4
+        end = start + count + len(_PAD[count % 4])
+        if end > len(data):
+            raise _Unusual
+        return data[start : start + count], end
+    if header == INT:
+        return _unpack_i32(data, pos)[0], pos + 4
+    if header == FLOAT:
+        return _unpack_f32(data, pos)[0], pos + 4
+    if header == ARRAY:
+        (count,) = _unpack_u32(data, pos)
+        pos += 4
+        if count > COUNT_MASK or depth >= MAX_DEPTH or pos + count * 4 > len(data):
+            raise _Unusual
+        items: list[Any] = []
+        for _ in range(count):
+            item, pos = _fast_value(data, pos, depth + 1)
+            items.append(item)
+        return items, pos
+    if header == BOOL:
+        (raw,) = _unpack_u32(data, pos)
+        if raw > 1:
+            raise _Unusual
+        return raw == 1, pos + 4
+    if header == NIL:
+        return None, pos
+    if header == _INT64_HEADER:
+        return _unpack_i64(data, pos)[0], pos + 8
+    if header == _FLOAT64_HEADER:
+        return _unpack_f64(data, pos)[0], pos + 8
+    raise _Unusual
 
 
 class _Decoder:
@@ -286,7 +366,20 @@ def _fits_float32(value: float) -> bool:
 def _encode_value(out: bytearray, value: Any, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise LocalProtocolError(ErrorCode.INTERNAL, f"message nests deeper than {MAX_DEPTH} levels")
-    if value is None:
+    # The exact types most message values have first: the isinstance chain below costs every value.
+    kind = type(value)
+    if kind is str:
+        _encode_string(out, value)
+    elif kind is dict:
+        out += _U32.pack(DICTIONARY)
+        out += _U32.pack(len(value))
+        for key, item in value.items():
+            _encode_value(out, key, depth + 1)
+            _encode_value(out, item, depth + 1)
+    elif kind is int and INT32_MIN <= value <= INT32_MAX:
+        out += _U32.pack(INT)
+        out += _I32.pack(value)
+    elif value is None:
         _header(out, NIL)
     elif isinstance(value, (bool, np.bool_)):
         _header(out, BOOL)

@@ -39,6 +39,8 @@ var _timeout_reported: Array[bool] = []
 var _has_truncated_flag: Array[bool] = []
 var _can_time_out: Array[bool] = []
 var _has_info: Array[bool] = []
+var _obs_plan: Array = []
+var _action_plan: Array = []
 
 
 func _init(policy_name: String, members: Array) -> void:
@@ -67,6 +69,8 @@ func _init(policy_name: String, members: Array) -> void:
 				+ "one set of spaces"
 			) % [policy, str(agent.get_path()), str(agents[0].get_path())]
 			return
+	_obs_plan = Messages.space_plan(spaces["observation_space"])
+	_action_plan = Messages.space_plan(spaces["action_space"])
 	for agent in agents:
 		_ended.append(false)
 		_truncated.append(false)
@@ -82,15 +86,16 @@ func spec() -> Dictionary:
 
 
 ## Call every physics tick: notes episode ends and captures the observations they ended on.
+## Members are read as agent.done (a name interned once), not agent.get("done"): every tick.
 func scan_episode_ends() -> void:
 	for i in agents.size():
 		if _ended[i]:
 			continue  # captured; reported at the next decision tick
 		var agent: Variant = agents[i]
-		var ended: bool = bool(agent.get("done"))
+		var ended: bool = bool(agent.done)
 		var truncated: bool = false
 		if _has_truncated_flag[i]:
-			truncated = bool(agent.get("truncated"))
+			truncated = bool(agent.truncated)
 			ended = ended or truncated
 		elif not ended and _timed_out(i, agent):
 			ended = true
@@ -119,7 +124,7 @@ func collect_step() -> Dictionary:
 		terminated.append(_ended[i] and not _truncated[i])
 		truncated.append(_ended[i] and _truncated[i])
 	var data: Dictionary = Messages.group_step(
-		spaces["observation_space"], obs_rows, rewards, terminated, truncated, _finals, infos
+		spaces["observation_space"], obs_rows, rewards, terminated, truncated, _finals, infos, _obs_plan
 	)
 	for i in agents.size():
 		if _ended[i]:
@@ -138,7 +143,9 @@ func collect_step() -> Dictionary:
 
 ## Gives every agent its action from the broker's map for this group. Returns "" or the error.
 func apply_actions(arrays: Variant) -> String:
-	var split: Dictionary = Messages.split_actions(spaces["action_space"], agents.size(), arrays)
+	var split: Dictionary = Messages.split_actions(
+		spaces["action_space"], agents.size(), arrays, _action_plan
+	)
 	if split.has("error"):
 		return "policy '%s': %s" % [policy, split["error"]]
 	var actions: Array = split["actions"]
@@ -163,10 +170,10 @@ func _final_obs(agent: Variant) -> Variant:
 func _timed_out(i: int, agent: Variant) -> bool:
 	if not _can_time_out[i]:
 		return false
-	if int(agent.get("n_steps")) <= int(agent.get("reset_after")):
+	if int(agent.n_steps) <= int(agent.reset_after):
 		_timeout_reported[i] = false
 		return false
-	if _timeout_reported[i] or not bool(agent.get("needs_reset")):
+	if _timeout_reported[i] or not bool(agent.needs_reset):
 		return false
 	_timeout_reported[i] = true
 	return true

@@ -94,9 +94,14 @@ func take_message() -> Dictionary:
 
 ## Sends one message map as one frame. Returns false (and closes) if the connection is gone.
 func send_message(message: Dictionary) -> bool:
+	return send_frame(Wire.encode_message(message))
+
+
+## Sends one encoded frame (length header and body) in one call. False (and closed) when gone.
+func send_frame(frame: PackedByteArray) -> bool:
 	if _tcp == null or (state != State.HANDSHAKE and state != State.READY):
 		return false
-	var result: Error = _tcp.put_data(Wire.encode_message(message))
+	var result: Error = _tcp.put_data(frame)
 	if result != OK:
 		_fail("could not send to the broker at %s: %s" % [address, error_string(result)])
 		return false

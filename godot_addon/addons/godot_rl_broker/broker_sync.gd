@@ -21,6 +21,7 @@ const Messages := preload("messages.gd")
 const Spaces := preload("spaces.gd")
 const AgentGroup := preload("agent_group.gd")
 const OnnxPolicy := preload("onnx_policy.gd")
+const StepEncoder := preload("step_encoder.gd")
 # An AIController's control_mode values (godot_rl's ControlModes order).
 const AGENT_INHERIT: int = 0
 const AGENT_HUMAN: int = 1
@@ -63,6 +64,7 @@ var args: Dictionary = {}
 var tick: int = 0
 
 var _client: Client = null
+var _step_encoder: StepEncoder = StepEncoder.new()
 var _groups: Array = []
 var _onnx_agents: Array = []
 var _human_agents: Array = []
@@ -71,6 +73,13 @@ var _ticks_left: int = 0
 var _awaiting_actions: bool = false
 var _started: bool = false
 var _quitting: bool = false
+
+
+func _enter_tree() -> void:
+	# Before any node's _ready(): a game that resets (draws random numbers) in _ready() is
+	# seeded too, wherever this node sits; godot_rl's Sync resets every agent at start instead.
+	args = Wire.parse_args(OS.get_cmdline_args() + OS.get_cmdline_user_args())
+	_apply_args()
 
 
 func _ready() -> void:
@@ -84,7 +93,9 @@ func _ready() -> void:
 func _physics_process(_delta: float) -> void:
 	if not _started or _quitting:
 		return
-	if _client != null:
+	# Between decision ticks nothing is due from the broker: polling there would cost every tick
+	# (a close is still seen at the next decision tick).
+	if _client != null and (_awaiting_actions or _ticks_left <= 0 or not _client.is_ready()):
 		_client.poll()
 		if _client.is_closed():
 			_on_broker_closed()
@@ -111,8 +122,6 @@ func _exit_tree() -> void:
 
 
 func _initialize() -> void:
-	args = Wire.parse_args(OS.get_cmdline_args() + OS.get_cmdline_user_args())
-	_apply_args()
 	var training: Dictionary = _collect_agents()
 	_started = true
 	if training.is_empty():
@@ -301,7 +310,7 @@ func _decision_tick() -> void:
 			_fail(data["error"])
 			return
 		groups[group.policy] = data
-	if not _client.send_message(Messages.step(tick, groups)):
+	if not _client.send_frame(_step_encoder.encode(Messages.step(tick, groups))):
 		_on_broker_closed()
 		return
 	_awaiting_actions = true

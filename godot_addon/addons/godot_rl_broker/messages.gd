@@ -39,9 +39,22 @@ static func close(reason: String) -> Dictionary:
 	return {"type": "close", "reason": reason}
 
 
+## What packing or splitting a space map needs, worked out once per group (these lookups cost
+## every step): one [key, space, wire dtype, row shape (ints), elements per row] per key, in order.
+static func space_plan(space_map: Dictionary) -> Array:
+	var plan: Array = []
+	for key in space_map:
+		var space: Dictionary = space_map[key]
+		var row: Array = Array(PackedInt64Array(Spaces.row_shape(space)))
+		plan.append([key, space, Spaces.wire_dtype(space), row, Wire.element_count(row)])
+	return plan
+
+
 ## One group's step data (docs/protocol.md, "Step data") from per-agent values:
 ## obs_rows[i] is agent i's get_obs(); finals maps an agent index to the observation its episode
-## ended on; infos maps an agent index to its non-empty get_info(). Returns {"error"} on bad values.
+## ended on; infos maps an agent index to its non-empty get_info(). rewards are numbers, terminated
+## and truncated bools; obs_plan is space_plan(observation_space), when the caller keeps one.
+## Returns {"error"} on bad values.
 static func group_step(
 	observation_space: Dictionary,
 	obs_rows: Array,
@@ -49,17 +62,22 @@ static func group_step(
 	terminated: Array,
 	truncated: Array,
 	finals: Dictionary,
-	infos: Dictionary
+	infos: Dictionary,
+	obs_plan: Array = []
 ) -> Dictionary:
+	if obs_plan.is_empty():
+		obs_plan = space_plan(observation_space)
 	var n: int = obs_rows.size()
-	var obs: Dictionary = _pack_obs(observation_space, obs_rows, "obs")
+	var obs: Dictionary = _pack_obs(obs_plan, obs_rows, "obs")
 	if obs.has("error"):
 		return obs
+	# Array maps written out (Wire.make_array's form): a call per array costs every step.
 	var data: Dictionary = {
 		"obs": obs,
-		"reward": Wire.make_array("float32", [n], Wire.values_to_bytes("float32", rewards)),
-		"terminated": Wire.make_array("bool", [n], Wire.values_to_bytes("bool", terminated)),
-		"truncated": Wire.make_array("bool", [n], Wire.values_to_bytes("bool", truncated)),
+		"reward": {"dtype": "float32", "shape": [n], "data": PackedFloat32Array(rewards).to_byte_array()},
+		# Arrays of bools: the engine converts them to 0/1 bytes in one call.
+		"terminated": {"dtype": "bool", "shape": [n], "data": PackedByteArray(terminated)},
+		"truncated": {"dtype": "bool", "shape": [n], "data": PackedByteArray(truncated)},
 	}
 	if not finals.is_empty():
 		var rows: Array = finals.keys()
@@ -67,7 +85,7 @@ static func group_step(
 		var final_rows: Array = []
 		for row in rows:
 			final_rows.append(finals[row])
-		var final_obs: Dictionary = _pack_obs(observation_space, final_rows, "final obs")
+		var final_obs: Dictionary = _pack_obs(obs_plan, final_rows, "final obs")
 		if final_obs.has("error"):
 			return final_obs
 		data["final"] = {
@@ -81,46 +99,74 @@ static func group_step(
 
 ## The broker's per-group actions -> one godot_rl action Dictionary per agent, in agent order:
 ## continuous keys give an Array of floats, discrete keys an int, multi-discrete an Array of ints.
+## action_plan is space_plan(action_space), when the caller keeps one.
 ## Returns {"actions": Array} or {"error"}.
-static func split_actions(action_space: Dictionary, n_agents: int, arrays: Variant) -> Dictionary:
+static func split_actions(
+	action_space: Dictionary, n_agents: int, arrays: Variant, action_plan: Array = []
+) -> Dictionary:
 	if typeof(arrays) != TYPE_DICTIONARY:
 		return {"error": "actions must be a map of action key to array"}
+	if action_plan.is_empty():
+		action_plan = space_plan(action_space)
 	var per_agent: Array = []
 	for i in n_agents:
 		per_agent.append({})
-	for key in action_space:
-		var space: Dictionary = action_space[key]
-		var read: Dictionary = Wire.read_array(arrays.get(key), "action '%s'" % key)
-		if read.has("error"):
-			return read
-		var row: Array = Spaces.row_shape(space)
+	for entry in action_plan:
+		var key: String = entry[0]
+		var dtype: String = entry[2]
+		var row: Array = entry[3]
+		var width: int = entry[4]
 		var expected: Array = [n_agents] + row
-		if read["shape"] != expected or read["dtype"] != Spaces.wire_dtype(space):
-			return {
-				"error": "action '%s': expected %s %s, got %s %s"
-				% [key, Spaces.wire_dtype(space), str(expected), read["dtype"], str(read["shape"])]
-			}
-		var values: Array = read["values"]
-		var width: int = Wire.element_count(row)
+		var values: Variant = _plain_values(arrays.get(key), dtype, expected, n_agents * width)
+		if values == null:  # not the expected array: the checked path reads it, or says what is wrong
+			var read: Dictionary = Wire.read_array(arrays.get(key), "action '%s'" % key)
+			if read.has("error"):
+				return read
+			if read["shape"] != expected or read["dtype"] != dtype:
+				return {
+					"error": "action '%s': expected %s %s, got %s %s"
+					% [key, dtype, str(expected), read["dtype"], str(read["shape"])]
+				}
+			values = read["values"]
 		for i in n_agents:
 			if row.is_empty():
 				per_agent[i][key] = int(values[i])
 			else:
-				per_agent[i][key] = values.slice(i * width, (i + 1) * width)
+				per_agent[i][key] = Array(values.slice(i * width, (i + 1) * width))
 	return {"actions": per_agent}
 
 
-static func _pack_obs(observation_space: Dictionary, rows: Array, what: String) -> Dictionary:
+## The values of an array map that is exactly `dtype` of shape `expected` (float32 or int32, as
+## actions are), decoded in one engine call; null for anything else.
+static func _plain_values(map: Variant, dtype: String, expected: Array, count: int) -> Variant:
+	if typeof(map) != TYPE_DICTIONARY:
+		return null
+	var data: Variant = map.get("data")
+	var shape: Variant = map.get("shape")
+	if typeof(map.get("dtype")) != TYPE_STRING or map["dtype"] != dtype:
+		return null
+	if typeof(shape) != TYPE_ARRAY or shape != expected or typeof(data) != TYPE_PACKED_BYTE_ARRAY:
+		return null
+	if dtype == "float32" and data.size() == count * 4:
+		return data.to_float32_array()
+	if dtype == "int32" and data.size() == count * 4:
+		return data.to_int32_array()
+	return null
+
+
+static func _pack_obs(plan: Array, rows: Array, what: String) -> Dictionary:
 	var out: Dictionary = {}
-	for key in observation_space:
-		var space: Dictionary = observation_space[key]
-		var floats: Variant = _flat_floats(space, rows, key)
-		if floats != null:  # the usual case: one conversion for every agent's values of the key
-			var shape_of_floats: Array = [rows.size()] + Spaces.row_shape(space)
-			out[key] = Wire.make_array("float32", shape_of_floats, floats.to_byte_array())
-			continue
+	var n: int = rows.size()
+	for entry in plan:
+		var key: String = entry[0]
+		if entry[2] == "float32":  # the usual case: every agent's values of the key in one array
+			var floats: Variant = _flat_floats(rows, key, entry[4])
+			if floats != null:
+				out[key] = {"dtype": "float32", "shape": [n] + entry[3], "data": floats.to_byte_array()}
+				continue
+		var space: Dictionary = entry[1]
 		var data := PackedByteArray()
-		for i in rows.size():
+		for i in n:
 			var row: Variant = rows[i]
 			if typeof(row) != TYPE_DICTIONARY or not row.has(key):
 				return {"error": "%s of agent %d has no key '%s'" % [what, i, key]}
@@ -128,23 +174,30 @@ static func _pack_obs(observation_space: Dictionary, rows: Array, what: String) 
 			if packed.has("error"):  # the label only now: formatting it every row costs every step
 				return Spaces.row_bytes(space, row[key], "%s '%s' of agent %d" % [what, key, i])
 			data.append_array(packed["bytes"])
-		var shape: Array = [rows.size()] + Spaces.row_shape(space)
-		out[key] = Wire.make_array(Spaces.wire_dtype(space), shape, data)
+		out[key] = Wire.make_array(entry[2], [n] + entry[3], data)
 	return out
 
 
-## Every row's value of a float32 key as one PackedFloat32Array, when each is a flat Array (or
-## packed float array) of the right size; else null (the row-by-row path checks and reports).
-static func _flat_floats(space: Dictionary, rows: Array, key: String) -> Variant:
-	if Spaces.wire_dtype(space) != "float32":
-		return null
-	var count: int = Wire.element_count(Spaces.row_shape(space))
-	var values: Array = []
+## Every row's value of a float32 key as one PackedFloat32Array, when each is a flat Array of
+## numbers (or a packed float array) of `count` values; else null (the row-by-row path checks and
+## reports). Written out rather than with Spaces.is_flat_numbers: calls cost every step.
+static func _flat_floats(rows: Array, key: String, count: int) -> Variant:
+	var values := PackedFloat32Array()
 	for row in rows:
-		if typeof(row) != TYPE_DICTIONARY or not row.has(key):
+		if typeof(row) != TYPE_DICTIONARY:
 			return null
-		var value: Variant = row[key]
-		if not Spaces.is_flat_numbers(value, count):
+		var value: Variant = row.get(key)
+		var kind: int = typeof(value)
+		if kind == TYPE_ARRAY:
+			if value.size() != count:
+				return null
+			for item in value:
+				var item_kind: int = typeof(item)
+				if item_kind != TYPE_FLOAT and item_kind != TYPE_INT:
+					return null
+		elif kind != TYPE_PACKED_FLOAT32_ARRAY and kind != TYPE_PACKED_FLOAT64_ARRAY:
 			return null
-		values.append_array(value if typeof(value) == TYPE_ARRAY else Array(value))
-	return PackedFloat32Array(values)
+		elif value.size() != count:
+			return null
+		values.append_array(PackedFloat32Array(value))
+	return values

@@ -4,6 +4,7 @@ extends "test_case.gd"
 
 const Messages := preload("../messages.gd")
 const Spaces := preload("../spaces.gd")
+const StepEncoder := preload("../step_encoder.gd")
 const PLAYER_OBS: Dictionary = {
 	"obs": {"size": [3], "space": "box"},
 	"camera_2d": {"size": [2, 2, 3], "space": "box"},
@@ -135,6 +136,43 @@ static func nest(values: Array, shape: Array) -> Variant:
 	for i in int(shape[0]):
 		out.append(nest(values.slice(i * width, (i + 1) * width), rest))
 	return out
+
+
+func test_step_encoder_writes_the_engines_bytes() -> bool:
+	var encoder: StepEncoder = StepEncoder.new()
+	var groups: Dictionary = meaning("step_first")["groups"]
+	var first: Dictionary = Messages.step(
+		0, {"player": _rebuild(groups["player"], false), "platform": _rebuild(groups["platform"], false)}
+	)
+	expect_bytes(encoder.encode(first), Wire.encode_frame(body("step_first")), "first steady step")
+	expect(encoder.is_learned(), "the layout is learned from the first steady step")
+	# Later steps of the layout: other ticks (one beyond 32 bits) and other data.
+	for tick in [1, 2, 70000, 1 << 40, -3]:
+		var step: Dictionary = first.duplicate(true)
+		step["tick"] = tick
+		var player: Dictionary = step["groups"]["player"]
+		player["reward"]["data"] = PackedFloat32Array([tick * 0.5, -1.0]).to_byte_array()
+		player["terminated"]["data"] = PackedByteArray([absi(tick) % 2, 1])
+		player["obs"]["obs"]["data"] = PackedFloat32Array([tick, 2, 3, 4, 5, 6]).to_byte_array()
+		step["groups"]["platform"]["truncated"]["data"] = PackedByteArray([1])
+		expect_bytes(encoder.encode(step), Wire.encode_message(step), "step at tick %d" % tick)
+	# Another size of data (the shape with it) is not the layout: the engine encodes it.
+	var wider: Dictionary = first.duplicate(true)
+	var one_reward := PackedByteArray([0, 0, 0, 0])
+	wider["groups"]["player"]["reward"] = Wire.make_array("float32", [1], one_reward)
+	expect_bytes(encoder.encode(wider), Wire.encode_message(wider), "data of another size")
+	var ended_groups: Dictionary = meaning("step_with_episode_end")["groups"]
+	var ended: Dictionary = Messages.step(
+		5,
+		{
+			"player": _rebuild(ended_groups["player"], true),
+			"platform": _rebuild(ended_groups["platform"], true),
+		}
+	)
+	expect_bytes(
+		encoder.encode(ended), Wire.encode_frame(body("step_with_episode_end")), "an episode end"
+	)
+	return true
 
 
 func _godot_vectors() -> Array:

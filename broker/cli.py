@@ -12,6 +12,8 @@ import sys
 from broker.launcher import GameLauncher, LaunchSpec, resolve_env_path
 from broker.legacy.edge import GodotRlTrainerConnector, parse_trainer_target
 from broker.log import configure_logging
+from broker.protocol import DEFAULT_ADDRESS
+from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
 
@@ -129,7 +131,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--deadline-ms",
         type=float,
         default=None,
-        help="how long a game tick waits for a policy's actions (hold default: 20 ms; barrier default: no limit)",
+        help="how long a game tick waits for a policy's actions; barrier default: no limit; hold default: "
+        + HOLD_DEADLINE_DEFAULT_TEXT,
     )
     parser.add_argument(
         "--hold-action",
@@ -141,7 +144,7 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus text metrics over HTTP on this port (same --host)",
+        help="serve Prometheus text metrics over HTTP on this port, bound to loopback (127.0.0.1) whatever --host",
     )
     parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
     compat = parser.add_argument_group("godot_rl compatibility")
@@ -276,7 +279,7 @@ def main(argv: list[str] | None = None) -> None:
         formatter_class=_HelpFormatter,
         epilog=STATUS_COLUMNS,
     )
-    status_parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port or unix:/path")
+    status_parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
     status_parser.add_argument(
         "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
     )

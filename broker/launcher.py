@@ -24,6 +24,8 @@ from typing import Final
 
 import structlog
 
+from broker.protocol import DEFAULT_PORT
+
 log = structlog.get_logger("gdrl.launcher")
 
 PLATFORM_SUFFIX: Final = {"linux": ".x86_64", "darwin": ".app", "win32": ".exe"}
@@ -33,7 +35,7 @@ PLATFORM_SUFFIX: Final = {"linux": ".x86_64", "darwin": ".app", "win32": ".exe"}
 class LaunchSpec:
     env_path: str
     n_parallel: int = 1
-    port: int = 11008
+    port: int = DEFAULT_PORT
     seed: int = 0
     speedup: float | None = None
     action_repeat: int | None = None

@@ -22,7 +22,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.on_policy_algorithm import OnPolicyAlgorithm
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
-from broker.core.hub import DEFAULT_HOLD_DEADLINE_MS
+from broker.protocol.messages import DEFAULT_HOLD_DEADLINE_MS
 from clients.vec_env import BrokerVecEnv
 
 # A pause shorter than the broker's shortest hold deadline cannot have let a game run on.

@@ -52,7 +52,7 @@ class GameClient:
         self.game_index = self.socket.welcome.game_index
         self.tick = 0
         self.held: set[str] = set()
-        self.last_actions = {policy: _zero_actions(spec) for policy, spec in self.groups.items()}
+        self.last_actions = {policy: spec.zero_actions() for policy, spec in self.groups.items()}
 
     def step(self, groups: dict[str, StepData]) -> dict[str, dict[str, np.ndarray]]:
         message = self._exchange(groups)
@@ -112,7 +112,3 @@ class GameClient:
 def _first_tick(data: StepData) -> StepData:
     n = data.n_rows
     return StepData(data.obs, np.zeros(n, np.float32), np.zeros(n, np.bool_), np.zeros(n, np.bool_))
-
-
-def _zero_actions(spec: GroupSpec) -> dict[str, np.ndarray]:
-    return {key: np.zeros((spec.n_agents, *space.row_shape), space.wire_dtype) for key, space in spec.spaces.action}

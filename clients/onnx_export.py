@@ -40,20 +40,14 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from broker.protocol.spaces import (
-    BoxSpace,
-    ContinuousAction,
-    DiscreteAction,
-    DiscreteSpace,
-    MultiDiscreteAction,
-    MultiDiscreteSpace,
-    PolicySpaces,
-)
+from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, PolicySpaces
+from clients.spaces import action_to_wire, observation_to_wire
 
 OPSET = 17
 STATE_IN = "state_ins"
 OUTPUT = "output"
 STATE_OUT = "state_outs"
+ACTION_KEY = "action"  # the one action key of a model whose game spaces are unknown
 
 
 @dataclass(frozen=True)
@@ -117,23 +111,19 @@ def spaces_from_model(model: Any) -> PolicySpaces:
     from a continuous one; pass the real ``PolicySpaces`` for those)."""
     obs: list[tuple[str, Any]] = []
     for key, space in model.observation_space.spaces.items():
-        if isinstance(space, spaces.Box):
-            obs.append((key, BoxSpace(tuple(space.shape), space.dtype.name)))
-        elif isinstance(space, spaces.Discrete):
-            obs.append((key, DiscreteSpace(int(space.n))))
-        elif isinstance(space, spaces.MultiDiscrete):
-            obs.append((key, MultiDiscreteSpace(tuple(int(n) for n in space.nvec))))
-        else:
+        if isinstance(space, spaces.MultiBinary):  # the graph one-hot encodes only Discrete / MultiDiscrete
             raise TypeError(f"observation '{key}': {type(space).__name__} cannot be exported")
+        try:
+            obs.append((key, observation_to_wire(space, f"observation '{key}'")))
+        except ValueError:
+            raise TypeError(f"observation '{key}': {type(space).__name__} cannot be exported") from None
     act = model.action_space
-    if isinstance(act, spaces.Discrete):
-        action: tuple[tuple[str, Any], ...] = (("action", DiscreteAction(int(act.n))),)
-    elif isinstance(act, spaces.MultiDiscrete):
-        action = (("action", MultiDiscreteAction(tuple(int(n) for n in act.nvec))),)
-    elif isinstance(act, spaces.Box):
-        action = (("action", ContinuousAction(math.prod(act.shape))),)
-    else:
+    if isinstance(act, spaces.MultiBinary):  # SB3's Bernoulli head has no per-choice logits
         raise TypeError(f"action space {type(act).__name__} cannot be exported")
+    try:
+        action = ((ACTION_KEY, action_to_wire(act, "action space")),)
+    except ValueError:
+        raise TypeError(f"action space {type(act).__name__} cannot be exported") from None
     return PolicySpaces(tuple(obs), action)
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -37,20 +36,15 @@ import numpy as np
 import structlog
 from gymnasium import spaces as gym_spaces
 
-from broker.protocol.arrays import DTYPES
+from broker.protocol import DEFAULT_ADDRESS
 from broker.protocol.messages import StepData
 from broker.protocol.spaces import (
     ActionSpace,
-    BoxSpace,
-    ContinuousAction,
-    DiscreteAction,
-    DiscreteSpace,
     GroupSpec,
-    MultiDiscreteAction,
-    MultiDiscreteSpace,
     ObservationSpace,
     PolicySpaces,
 )
+from clients.spaces import action_to_wire, observation_to_wire
 from clients.transport import DEFAULT_TIMEOUT_RECONNECT
 
 log = structlog.get_logger("gdrl.pettingzoo")
@@ -88,22 +82,6 @@ def _policy_function(policy_of: PolicyOf | None) -> Callable[[str], str]:
 # --- spaces ----------------------------------------------------------------------------------------
 
 
-def _wire_box_dtype(dtype: np.dtype[Any], what: str) -> str:
-    if dtype == np.bool_:
-        return "uint8"
-    if dtype == np.float16:
-        return "float32"
-    if dtype.name not in DTYPES:
-        raise ValueError(f"{what}: Box dtype {dtype} has no wire form; use a numeric dtype")
-    return dtype.name
-
-
-def _one_dim_nvec(nvec: np.ndarray, what: str) -> tuple[int, ...]:
-    if nvec.ndim != 1:
-        raise ValueError(f"{what}: only 1-d MultiDiscrete spaces are supported, got nvec of shape {nvec.shape}")
-    return tuple(int(n) for n in nvec)
-
-
 @dataclass(frozen=True)
 class _ObservationPart:
     """One observation key: how per-agent values become a wire array."""
@@ -123,29 +101,13 @@ def _nonzero(start: Any) -> np.ndarray | None:
 
 
 def _observation_part(key: str, sub_key: str | None, space: Any, what: str) -> _ObservationPart:
+    wire = observation_to_wire(space, what)
     if isinstance(space, gym_spaces.Box):
-        dtype = _wire_box_dtype(space.dtype, what)
-        low = float(np.min(space.low)) if space.low.size else 0.0
-        high = float(np.max(space.high)) if space.high.size else 0.0
-        wire: ObservationSpace = BoxSpace(tuple(space.shape), dtype, low, high)
-        placeholder = np.zeros(space.shape, space.dtype)
-        return _ObservationPart(key, sub_key, wire, np.dtype(dtype), np.dtype(dtype), None, placeholder)
-    if isinstance(space, gym_spaces.Discrete):
-        wire = DiscreteSpace(int(space.n))
-        return _ObservationPart(key, sub_key, wire, INT32, INT64, _nonzero(space.start), space.start)
-    if isinstance(space, gym_spaces.MultiDiscrete):
-        nvec = _one_dim_nvec(space.nvec, what)
-        wire = MultiDiscreteSpace(nvec)
-        return _ObservationPart(key, sub_key, wire, INT32, INT64, _nonzero(space.start), space.start)
+        dtype = np.dtype(wire.wire_dtype)
+        return _ObservationPart(key, sub_key, wire, dtype, dtype, None, np.zeros(space.shape, space.dtype))
     if isinstance(space, gym_spaces.MultiBinary):
-        if len(space.shape) != 1:
-            raise ValueError(f"{what}: only 1-d MultiBinary spaces are supported, got shape {space.shape}")
-        wire = MultiDiscreteSpace((2,) * space.shape[0])
         return _ObservationPart(key, sub_key, wire, INT32, INT64, None, np.zeros(space.shape, np.int8))
-    raise ValueError(
-        f"{what}: observation space {space} is not supported; use Box, Discrete, MultiDiscrete, MultiBinary "
-        "or a flat Dict of those"
-    )
+    return _ObservationPart(key, sub_key, wire, INT32, INT64, _nonzero(space.start), space.start)
 
 
 class ObservationCodec:
@@ -178,23 +140,18 @@ class ActionCodec:
 
     def __init__(self, space: Any, what: str) -> None:
         self.space = space
+        self.wire: ActionSpace = action_to_wire(space, what)
         self.decode: Callable[[np.ndarray], list[Any]]
         if isinstance(space, gym_spaces.Discrete):
             start = int(space.start)
-            self.wire: ActionSpace = DiscreteAction(int(space.n))
             self.decode = lambda a: (a.astype(np.int64) + start).tolist()
         elif isinstance(space, gym_spaces.MultiDiscrete):
-            self.wire = MultiDiscreteAction(_one_dim_nvec(space.nvec, what))
             start_vec = np.asarray(space.start, np.int64)
             self.decode = lambda a: list((a.astype(np.int64) + start_vec).astype(space.dtype))
-        elif isinstance(space, gym_spaces.MultiBinary) and len(space.shape) == 1:
-            self.wire = MultiDiscreteAction((2,) * space.shape[0])
+        elif isinstance(space, gym_spaces.MultiBinary):
             self.decode = lambda a: list(a.astype(space.dtype))
-        elif isinstance(space, gym_spaces.Box):
-            self.wire = ContinuousAction(int(math.prod(space.shape)))
+        else:  # Box
             self.decode = self._box_decoder(space)
-        else:
-            raise ValueError(f"{what}: action space {space} is not supported; use Box, Discrete, MultiDiscrete")
 
     @staticmethod
     def _box_decoder(space: gym_spaces.Box) -> Callable[[np.ndarray], list[Any]]:
@@ -231,7 +188,7 @@ class AgentGroup:
     def __post_init__(self) -> None:
         self.active = np.zeros(len(self.agents), np.bool_)
         self.ended = np.zeros(len(self.agents), np.bool_)
-        zero = np.zeros((len(self.agents), *self.action.wire.row_shape), DTYPES[self.action.wire.wire_dtype])
+        zero = self.spec.zero_actions()[ACTION_KEY]
         self.last_actions = self.action.decode(zero)  # what a held group does before its first actions
 
     @property
@@ -430,7 +387,7 @@ class _Outcome:
 
 def serve_parallel_env(
     env_fn: EnvFactory,
-    address: str = "127.0.0.1:11008",
+    address: str = DEFAULT_ADDRESS,
     policy_of: PolicyOf | None = None,
     *,
     seed: int | None = 0,
@@ -503,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--env", required=True, help="factory of the env, 'package.module:function'")
     parser.add_argument("--env-kwargs", default="{}", help="JSON object of keyword arguments for the factory")
-    parser.add_argument("--address", default="127.0.0.1:11008", help="broker address: host:port or unix:/path")
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address: host:port or unix:/path")
     parser.add_argument("--games", type=int, default=1, help="game instances to run, one process each")
     parser.add_argument(
         "--policy-map", default=None, help="JSON object agent -> policy (default: the name's prefix before '_')"

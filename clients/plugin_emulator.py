@@ -36,6 +36,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, PolicySpaces
 
 HEADER: Final = struct.Struct("<I")
@@ -69,11 +70,11 @@ class EmulatorConfig:
     horizon: int = 50  # decision steps before a time-limit reset
     terminal_obs_info: bool = False
     variant: str = "current"  # or "old"
-    port: int = 11008
+    port: int = DEFAULT_PORT
     seed: int = 0
     game_id: int | None = None
     action_repeat: int = 1
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     connect_delay: float = 0.0  # the plugin sleeps 1 s before connecting; tests need not
     check_actions: bool = True  # benchmarks may skip the per-agent checks (--fast)
 
@@ -354,7 +355,7 @@ def parse_groups(text: str) -> tuple[PolicyGroup, ...]:
 
 def config_from_args(argv: list[str]) -> EmulatorConfig:
     args = godot_args(argv)
-    config = EmulatorConfig(port=int(args.get("port", 11008)), seed=int(args.get("env_seed", 0)))
+    config = EmulatorConfig(port=int(args.get("port", DEFAULT_PORT)), seed=int(args.get("env_seed", 0)))
     if "policies" in args:
         config.groups = parse_groups(args["policies"])
     elif "agents" in args:

@@ -19,6 +19,7 @@ from typing import Final
 import numpy as np
 import structlog
 
+from broker.protocol import DEFAULT_ADDRESS
 from broker.protocol.messages import StepData
 from broker.protocol.spaces import (
     BoxSpace,
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--address", default="127.0.0.1:11008", help="broker address, host:port or unix:/path")
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
     parser.add_argument("--movers", type=int, default=4, help=f"agents in the continuous '{MOVER}' group")
     parser.add_argument("--pickers", type=int, default=4, help=f"agents in the discrete '{PICKER}' group")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first instance; instance i gets SEED+i")

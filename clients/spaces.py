@@ -1,6 +1,25 @@
-"""Announced spaces <-> gymnasium spaces, and SB3 action arrays <-> per-key wire actions.
+"""The one table between gymnasium spaces and announced (wire) spaces, both ways, and SB3 action arrays
+<-> per-key wire actions.
 
-Actions follow godot_rl's conversion so that models and habits carry over:
+gymnasium -> wire (``observation_to_wire`` / ``action_to_wire``: a PettingZoo env's spaces, a model's):
+
+==========================  ==========================================  ================================
+gymnasium                   wire observation                            wire action
+==========================  ==========================================  ================================
+``Box``                     ``BoxSpace`` (bool -> uint8, float16 ->     ``ContinuousAction(prod(shape))``
+                            float32; low/high: the bounds' min/max)     in [-1, 1]
+``Discrete(n)``             ``DiscreteSpace(n)``                        ``DiscreteAction(n)``
+``MultiDiscrete(nvec)``     ``MultiDiscreteSpace(nvec)`` (1-d)          ``MultiDiscreteAction(nvec)``
+``MultiBinary(k)``          ``MultiDiscreteSpace((2,) * k)`` (1-d)      ``MultiDiscreteAction((2,) * k)``
+==========================  ==========================================  ================================
+
+wire -> gymnasium (``observation_space`` / ``action_space`` per key; what a BrokerVecEnv shows SB3) is the
+inverse: ``BoxSpace`` -> ``Box`` of its dtype, ``DiscreteSpace`` -> ``Discrete``, ``MultiDiscreteSpace`` ->
+``MultiDiscrete``; ``ContinuousAction(size)`` -> ``Box(-1, 1, (size,))``, ``DiscreteAction(n)`` ->
+``Discrete(n)``, ``MultiDiscreteAction`` -> ``MultiDiscrete``.
+
+Several action keys become one SB3 action space (``ActionCodec``) following godot_rl's conversion, so that
+models and habits carry over:
 
 * one discrete key -> ``Discrete(n)``;
 * only discrete / multi-discrete keys -> ``MultiDiscrete`` of all choices, columns in key order;
@@ -10,26 +29,98 @@ Actions follow godot_rl's conversion so that models and habits carry over:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from broker.protocol.arrays import DTYPES
 from broker.protocol.spaces import (
+    ActionSpace,
     BoxSpace,
     ContinuousAction,
     DiscreteAction,
     DiscreteSpace,
     MultiDiscreteAction,
+    MultiDiscreteSpace,
     ObservationSpace,
     PolicySpaces,
 )
+
+# --- gymnasium -> wire ----------------------------------------------------------------------------
+
+
+def wire_box_dtype(dtype: np.dtype[Any], what: str) -> str:
+    """The wire dtype a gymnasium Box of ``dtype`` travels in."""
+    if dtype == np.bool_:
+        return "uint8"
+    if dtype == np.float16:
+        return "float32"
+    if dtype.name not in DTYPES:
+        raise ValueError(f"{what}: Box dtype {dtype} has no wire form; use a numeric dtype")
+    return dtype.name
+
+
+def _one_dim_nvec(nvec: np.ndarray, what: str) -> tuple[int, ...]:
+    if nvec.ndim != 1:
+        raise ValueError(f"{what}: only 1-d MultiDiscrete spaces are supported, got nvec of shape {nvec.shape}")
+    return tuple(int(n) for n in nvec)
+
+
+def _binary_width(space: spaces.MultiBinary, what: str) -> int:
+    if len(space.shape) != 1:
+        raise ValueError(f"{what}: only 1-d MultiBinary spaces are supported, got shape {space.shape}")
+    return int(space.shape[0])
+
+
+def observation_to_wire(space: spaces.Space[Any], what: str) -> ObservationSpace:
+    """One gymnasium observation space as its wire space (raises ValueError for others)."""
+    if isinstance(space, spaces.Box):
+        low = float(np.min(space.low)) if space.low.size else 0.0
+        high = float(np.max(space.high)) if space.high.size else 0.0
+        return BoxSpace(tuple(space.shape), wire_box_dtype(space.dtype, what), low, high)
+    if isinstance(space, spaces.Discrete):
+        return DiscreteSpace(int(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        return MultiDiscreteSpace(_one_dim_nvec(space.nvec, what))
+    if isinstance(space, spaces.MultiBinary):
+        return MultiDiscreteSpace((2,) * _binary_width(space, what))
+    raise ValueError(
+        f"{what}: observation space {space} is not supported; use Box, Discrete, MultiDiscrete, MultiBinary "
+        "or a flat Dict of those"
+    )
+
+
+def action_to_wire(space: spaces.Space[Any], what: str) -> ActionSpace:
+    """One gymnasium action space as one wire action key (raises ValueError for others)."""
+    if isinstance(space, spaces.Discrete):
+        return DiscreteAction(int(space.n))
+    if isinstance(space, spaces.MultiDiscrete):
+        return MultiDiscreteAction(_one_dim_nvec(space.nvec, what))
+    if isinstance(space, spaces.MultiBinary) and len(space.shape) == 1:
+        return MultiDiscreteAction((2,) * int(space.shape[0]))
+    if isinstance(space, spaces.Box):
+        return ContinuousAction(int(math.prod(space.shape)))
+    raise ValueError(f"{what}: action space {space} is not supported; use Box, Discrete, MultiDiscrete")
+
+
+# --- wire -> gymnasium ----------------------------------------------------------------------------
 
 
 def observation_space(space: ObservationSpace) -> spaces.Space[Any]:
     if isinstance(space, BoxSpace):
         return spaces.Box(space.low, space.high, space.shape, np.dtype(space.dtype))
     if isinstance(space, DiscreteSpace):
+        return spaces.Discrete(space.n)
+    return spaces.MultiDiscrete(np.array(space.nvec, dtype=np.int64))
+
+
+def action_space(space: ActionSpace) -> spaces.Space[Any]:
+    """One wire action key as SB3 sees it when it is the policy's only key."""
+    if isinstance(space, ContinuousAction):
+        return spaces.Box(-1.0, 1.0, (space.size,), np.float32)
+    if isinstance(space, DiscreteAction):
         return spaces.Discrete(space.n)
     return spaces.MultiDiscrete(np.array(space.nvec, dtype=np.int64))
 
@@ -77,7 +168,7 @@ class ActionCodec:
             self.space: spaces.Space[Any] = spaces.Box(-1.0, 1.0, (sum(widths),), np.float32)
         elif len(kinds) == 1 and isinstance(kinds[0], DiscreteAction):
             widths = [1]
-            self.space = spaces.Discrete(kinds[0].n)
+            self.space = action_space(kinds[0])
         else:
             nvec: list[int] = []
             widths = []

@@ -15,47 +15,244 @@ import signal
 import sys
 import time
 import zipfile
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
 import numpy as np
 
+from broker.protocol import DEFAULT_ADDRESS
+from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
+
 DEFAULT_TIMESTEPS = 100_000
-
-# Hyper-parameters: flag -> algorithms it applies to. Values not given keep our PPO defaults below or
-# SB3's own defaults for the other algorithms.
-HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "n_steps": ("ppo", "a2c"),
-    "batch_size": ("ppo", "sac", "dqn"),
-    "n_epochs": ("ppo",),
-    "learning_rate": ("ppo", "a2c", "sac", "dqn"),
-    "gamma": ("ppo", "a2c", "sac", "dqn"),
-    "gae_lambda": ("ppo", "a2c"),
-    "clip_range": ("ppo",),
-    "ent_coef": ("ppo", "a2c", "sac"),
-    "vf_coef": ("ppo", "a2c"),
-    "max_grad_norm": ("ppo", "a2c", "dqn"),
-    "buffer_size": ("sac", "dqn"),
-    "learning_starts": ("sac", "dqn"),
-}
-
-# PPO defaults for many agents per policy: short rollouts per agent, several minibatches per update.
-PPO_DEFAULTS: dict[str, float | int] = {
-    "n_steps": 128,
-    "batch_size": 256,
-    "n_epochs": 4,
-    "learning_rate": 3e-4,
-    "gamma": 0.99,
-    "gae_lambda": 0.95,
-    "clip_range": 0.2,
-    "ent_coef": 0.0,
-    "vf_coef": 0.5,
-    "max_grad_norm": 0.5,
-}
-
 ALGORITHM_CLASSES = {"ppo": "PPO", "a2c": "A2C", "sac": "SAC", "dqn": "DQN"}
+HYPER_GROUP = "hyper-parameters"
+# Argument groups of --help, in order, with their descriptions.
+GROUPS: dict[str, str | None] = {
+    "broker": None,
+    "run": None,
+    "model": None,
+    HYPER_GROUP: "Not given: PPO uses the defaults shown, A2C/SAC/DQN use SB3's.\n"
+    "A flag that does not apply to --algo is an error.",
+    "files": None,
+    "output": None,
+}
+
+
+def _flag(group: str, default: Any = None, help: str = "", **argparse_kwargs: Any) -> Any:
+    """A TrainOptions field: its default, and how ``build_parser`` offers it (``--name-with-dashes``)."""
+    return field(default=default, metadata={"group": group, "help": help, "argparse": argparse_kwargs})
+
+
+def _hyper(
+    help: str, type: Callable[[str], Any] | None, algos: tuple[str, ...], ppo: Any = None, note: str = ""
+) -> Any:
+    """A hyper-parameter: the algorithms it applies to and our PPO default (for many agents per policy:
+    short rollouts per agent, several minibatches per update). Not given: that default, or SB3's."""
+    others = ", ".join(a.upper() for a in algos if a != "ppo")
+    applies = "; ".join(part for part in (f"PPO {ppo}" if ppo is not None else "", others) if part)
+    metadata = {
+        "group": HYPER_GROUP,
+        "help": f"{help} ({applies}){note}",
+        "argparse": {"type": type} if type else {},
+        "algos": algos,
+        "ppo": ppo,
+    }
+    return field(default=None, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """Every gdrl-train option, as given on the command line: one field per flag, whose metadata (group,
+    help, type, choices) builds the parser. ``check()`` refuses bad combinations; the cached properties
+    below are what the run uses."""
+
+    # broker
+    policy: str = _flag("broker", help="policy (agent group) name to train", required=True)
+    broker: str = _flag("broker", DEFAULT_ADDRESS, "broker address: host:port or unix:/path")
+    token: str | None = _flag("broker", help="shared token, if the broker requires one")
+    connect_timeout: float = _flag("broker", 60.0, "seconds to keep trying to connect", type=float)
+    stepping: str | None = _flag(
+        "broker",
+        help="how games wait for this policy's actions (docs/protocol.md section 5): hold (a game waits at most "
+        "--deadline-ms, then the agents keep their last action) or barrier (godot_rl's lock-step); "
+        "default: the broker's --stepping",
+        choices=("hold", "barrier"),
+    )
+    deadline_ms: float | None = _flag(
+        "broker",
+        help="with --stepping: how long a game tick waits; barrier default: no limit; hold default: "
+        + HOLD_DEADLINE_DEFAULT_TEXT,
+        type=float,
+    )
+    hold_action: str | None = _flag(
+        "broker", help="with --stepping hold: what held agents do", choices=("repeat", "noop")
+    )
+    no_fresh_start: bool = _flag(
+        "broker",
+        False,
+        "PPO/A2C with hold stepping: after an update act on the observation from before it, as plain SB3 "
+        "does (default: answer with the held actions and start the rollout from the newest observation)",
+        action="store_true",
+    )
+    # run
+    algo: str = _flag(
+        "run",
+        "ppo",
+        "ppo and a2c: any action space; sac: continuous actions (also binary discrete mixed with "
+        "continuous); dqn: exactly one discrete action key",
+        choices=sorted(ALGORITHM_CLASSES),
+    )
+    timesteps: int | None = _flag(
+        "run",
+        help=f"agent steps summed over all agents of the policy (training default {DEFAULT_TIMESTEPS:,}; "
+        "with --resume-model-path: steps added to the saved model's; with --inference: run this many, "
+        "default until Ctrl-C)",
+        type=int,
+    )
+    seed: int = _flag("run", 0, "random seed of the model", type=int)
+    inference: bool = _flag(
+        "run", False, "run the model of --resume-model-path deterministically, without learning", action="store_true"
+    )
+    device: str = _flag("run", "auto", "torch device (cpu, cuda, auto)")
+    threads: int = _flag("run", 1, "torch CPU threads", type=int)
+    # model
+    policy_type: str = _flag(
+        "model",
+        "MultiInputPolicy",
+        "SB3 policy name, or module:Class for your own; observations are always a gymnasium Dict",
+    )
+    net_arch: str | None = _flag(
+        "model",
+        help='hidden layers, e.g. "64,64" (actor and critic alike) or "pi=64,64;vf=256,256" '
+        "(SAC: pi and qf); default: SB3's for the algorithm",
+    )
+    # hyper-parameters
+    n_steps: int | None = _hyper("rollout length per agent", int, ("ppo", "a2c"), 128)
+    batch_size: int | None = _hyper("minibatch size", int, ("ppo", "sac", "dqn"), 256)
+    n_epochs: int | None = _hyper("epochs per PPO update", int, ("ppo",), 4)
+    learning_rate: float | None = _hyper("learning rate", float, ("ppo", "a2c", "sac", "dqn"), 3e-4)
+    gamma: float | None = _hyper("discount factor", float, ("ppo", "a2c", "sac", "dqn"), 0.99)
+    gae_lambda: float | None = _hyper("GAE lambda", float, ("ppo", "a2c"), 0.95)
+    clip_range: float | None = _hyper("PPO clip range", float, ("ppo",), 0.2)
+    ent_coef: str | float | None = _hyper(
+        "entropy coefficient", None, ("ppo", "a2c", "sac"), 0.0, note="; SAC: a number or auto"
+    )
+    vf_coef: float | None = _hyper("value loss coefficient", float, ("ppo", "a2c"), 0.5)
+    max_grad_norm: float | None = _hyper("gradient clipping", float, ("ppo", "a2c", "dqn"), 0.5)
+    buffer_size: int | None = _hyper("replay buffer size", int, ("sac", "dqn"))
+    learning_starts: int | None = _hyper("steps before learning", int, ("sac", "dqn"))
+    # files
+    save_model_path: str | None = _flag("files", help="save the model here when done or stopped (.zip)")
+    resume_model_path: str | None = _flag("files", help="load this model (.zip) and continue training it")
+    save_checkpoint_frequency: int | None = _flag(
+        "files",
+        help="every this many agent steps save a checkpoint into <model>_checkpoints/ next to --save-model-path",
+        type=int,
+    )
+    onnx_export_path: str | None = _flag("files", help="export the policy to ONNX here when done or stopped")
+    tensorboard_log: str | None = _flag("files", help="TensorBoard log folder; the run is named <policy>_<ALGO>_<n>")
+    report_json: str | None = _flag("files", help="write a JSON summary (with the reward curve) here")
+    # output
+    progress: str = _flag(
+        "output",
+        "auto",
+        "auto: a progress bar when stdout is a terminal, else a line every --log-every seconds",
+        choices=("auto", "bar", "lines", "off"),
+    )
+    log_every: float = _flag("output", 5.0, "seconds between progress lines", type=float)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TrainOptions:
+        return cls(**vars(args))
+
+    @cached_property
+    def hyper(self) -> dict[str, Any]:
+        """The algorithm's keyword arguments: our PPO defaults (PPO only), then what was given."""
+        algo = self.algo
+        hyper: dict[str, Any] = dict(PPO_DEFAULTS) if algo == "ppo" else {}
+        for name, algos in HYPER_PARAMETERS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if algo not in algos:
+                takes = ", ".join(f"--{n.replace('_', '-')}" for n, a in HYPER_PARAMETERS.items() if algo in a)
+                raise ValueError(f"--{name.replace('_', '-')} does not apply to {algo.upper()} (it takes {takes})")
+            hyper[name] = value
+        if "ent_coef" in hyper:
+            text = str(hyper["ent_coef"])
+            if algo == "sac" and text.startswith("auto"):
+                hyper["ent_coef"] = text
+            else:
+                try:
+                    hyper["ent_coef"] = float(text)
+                except ValueError:
+                    raise ValueError(f"--ent-coef must be a number, got {text!r}") from None
+        if algo == "ppo" and hyper["batch_size"] < 2:
+            raise ValueError("--batch-size must be at least 2 for PPO")
+        return hyper
+
+    @cached_property
+    def explicit_hyper(self) -> dict[str, Any]:
+        """On resume, only the hyper-parameters given on the command line replace the saved ones."""
+        return {name: self.hyper[name] for name in HYPER_PARAMETERS if getattr(self, name) is not None}
+
+    @cached_property
+    def policy_kwargs(self) -> dict[str, Any]:
+        return {} if self.net_arch is None else {"net_arch": parse_net_arch(self.net_arch, self.algo)}
+
+    @cached_property
+    def total_timesteps(self) -> int | None:
+        """Agent steps to run; None: until stopped (inference only)."""
+        if self.inference:
+            return self.timesteps
+        return DEFAULT_TIMESTEPS if self.timesteps is None else self.timesteps
+
+    @cached_property
+    def step_options(self) -> Any:
+        """StepOptions, or None for the broker's default."""
+        from broker.protocol.messages import StepOptions
+
+        if self.stepping is None:
+            if self.deadline_ms is not None or self.hold_action is not None:
+                raise ValueError("--deadline-ms and --hold-action need --stepping (hold or barrier)")
+            return None
+        if self.deadline_ms is not None and self.deadline_ms < 0:
+            raise ValueError("--deadline-ms must not be negative")
+        return StepOptions(self.stepping, self.deadline_ms, self.hold_action or "repeat")
+
+    def check(self) -> None:
+        """Refuse bad flag combinations (raises ValueError), in the order the flags are documented."""
+        self.hyper  # noqa: B018 - computing them checks them
+        self.policy_kwargs  # noqa: B018
+        if self.resume_model_path:
+            path = Path(self.resume_model_path)
+            if not path.is_file() and not path.with_name(path.name + ".zip").is_file():
+                raise ValueError(f"--resume-model-path: no model file at {path}")
+            check_saved_algorithm(path if path.is_file() else path.with_name(path.name + ".zip"), self.algo)
+        if self.inference and not self.resume_model_path:
+            raise ValueError("--inference runs a saved model: give it with --resume-model-path")
+        if self.total_timesteps is not None and self.total_timesteps < 1:
+            raise ValueError("--timesteps must be positive")
+        if self.save_checkpoint_frequency is not None:
+            if self.save_checkpoint_frequency < 1:
+                raise ValueError("--save-checkpoint-frequency must be positive")
+            if not self.save_model_path:
+                raise ValueError("--save-checkpoint-frequency needs --save-model-path (checkpoints go next to it)")
+        if self.log_every <= 0:
+            raise ValueError("--log-every must be positive")
+        self.step_options  # noqa: B018
+
+
+OPTION_FIELDS = fields(TrainOptions)
+# Hyper-parameter -> algorithms it applies to, and our PPO defaults: read from the fields above.
+HYPER_PARAMETERS: dict[str, tuple[str, ...]] = {
+    f.name: f.metadata["algos"] for f in OPTION_FIELDS if "algos" in f.metadata
+}
+PPO_DEFAULTS: dict[str, Any] = {f.name: f.metadata["ppo"] for f in OPTION_FIELDS if f.metadata.get("ppo") is not None}
 
 
 EXAMPLES = """examples:
@@ -79,6 +276,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of TrainOptions: one flag per field, ``--name-with-dashes``, in the fields' groups."""
     parser = argparse.ArgumentParser(
         prog="gdrl-train",
         description="Train one policy (agent group) through the broker with Stable-Baselines3, or run a saved\n"
@@ -87,122 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_HelpFormatter,
         epilog=EXAMPLES,
     )
-    conn = parser.add_argument_group("broker")
-    conn.add_argument("--policy", required=True, help="policy (agent group) name to train")
-    conn.add_argument("--broker", default="127.0.0.1:11008", help="broker address: host:port or unix:/path")
-    conn.add_argument("--token", default=None, help="shared token, if the broker requires one")
-    conn.add_argument("--connect-timeout", type=float, default=60.0, help="seconds to keep trying to connect")
-    conn.add_argument(
-        "--stepping",
-        choices=("hold", "barrier"),
-        default=None,
-        help="how games wait for this policy's actions (docs/protocol.md section 5): hold (a game waits at most "
-        "--deadline-ms, then the agents keep their last action) or barrier (godot_rl's lock-step); "
-        "default: the broker's --stepping",
-    )
-    conn.add_argument("--deadline-ms", type=float, default=None, help="with --stepping: how long a game tick waits")
-    conn.add_argument(
-        "--hold-action", choices=("repeat", "noop"), default=None, help="with --stepping hold: what held agents do"
-    )
-    conn.add_argument(
-        "--no-fresh-start",
-        action="store_true",
-        help="PPO/A2C with hold stepping: after an update act on the observation from before it, as plain SB3 "
-        "does (default: answer with the held actions and start the rollout from the newest observation)",
-    )
-
-    run = parser.add_argument_group("run")
-    run.add_argument(
-        "--algo",
-        choices=sorted(ALGORITHM_CLASSES),
-        default="ppo",
-        help="ppo and a2c: any action space; sac: continuous actions (also binary discrete mixed with "
-        "continuous); dqn: exactly one discrete action key",
-    )
-    run.add_argument(
-        "--timesteps",
-        type=int,
-        default=None,
-        help=f"agent steps summed over all agents of the policy (training default {DEFAULT_TIMESTEPS:,}; "
-        "with --resume-model-path: steps added to the saved model's; with --inference: run this many, "
-        "default until Ctrl-C)",
-    )
-    run.add_argument("--seed", type=int, default=0, help="random seed of the model")
-    run.add_argument(
-        "--inference",
-        action="store_true",
-        help="run the model of --resume-model-path deterministically, without learning",
-    )
-    run.add_argument("--device", default="auto", help="torch device (cpu, cuda, auto)")
-    run.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-
-    model = parser.add_argument_group("model")
-    model.add_argument(
-        "--policy-type",
-        default="MultiInputPolicy",
-        help="SB3 policy name, or module:Class for your own; observations are always a gymnasium Dict",
-    )
-    model.add_argument(
-        "--net-arch",
-        default=None,
-        help='hidden layers, e.g. "64,64" (actor and critic alike) or "pi=64,64;vf=256,256" '
-        "(SAC: pi and qf); default: SB3's for the algorithm",
-    )
-
-    hyper = parser.add_argument_group(
-        "hyper-parameters",
-        "Not given: PPO uses the defaults shown, A2C/SAC/DQN use SB3's.\n"
-        "A flag that does not apply to --algo is an error.",
-    )
-    hyper.add_argument("--n-steps", type=int, default=None, help="rollout length per agent (PPO 128; A2C)")
-    hyper.add_argument("--batch-size", type=int, default=None, help="minibatch size (PPO 256; SAC, DQN)")
-    hyper.add_argument("--n-epochs", type=int, default=None, help="epochs per PPO update (PPO 4)")
-    hyper.add_argument("--learning-rate", type=float, default=None, help="learning rate (PPO 3e-4)")
-    hyper.add_argument("--gamma", type=float, default=None, help="discount factor (PPO 0.99)")
-    hyper.add_argument("--gae-lambda", type=float, default=None, help="GAE lambda (PPO 0.95; A2C)")
-    hyper.add_argument("--clip-range", type=float, default=None, help="PPO clip range (PPO 0.2)")
-    hyper.add_argument("--ent-coef", default=None, help="entropy coefficient (PPO 0.0; A2C; SAC: number or auto)")
-    hyper.add_argument("--vf-coef", type=float, default=None, help="value loss coefficient (PPO 0.5; A2C)")
-    hyper.add_argument("--max-grad-norm", type=float, default=None, help="gradient clipping (PPO 0.5; A2C, DQN)")
-    hyper.add_argument("--buffer-size", type=int, default=None, help="replay buffer size (SAC, DQN)")
-    hyper.add_argument("--learning-starts", type=int, default=None, help="steps before learning (SAC, DQN)")
-
-    files = parser.add_argument_group("files")
-    files.add_argument("--save-model-path", default=None, help="save the model here when done or stopped (.zip)")
-    files.add_argument("--resume-model-path", default=None, help="load this model (.zip) and continue training it")
-    files.add_argument(
-        "--save-checkpoint-frequency",
-        type=int,
-        default=None,
-        help="every this many agent steps save a checkpoint into <model>_checkpoints/ next to --save-model-path",
-    )
-    files.add_argument("--onnx-export-path", default=None, help="export the policy to ONNX here when done or stopped")
-    files.add_argument(
-        "--tensorboard-log", default=None, help="TensorBoard log folder; the run is named <policy>_<ALGO>_<n>"
-    )
-    files.add_argument("--report-json", default=None, help="write a JSON summary (with the reward curve) here")
-
-    out = parser.add_argument_group("output")
-    out.add_argument(
-        "--progress",
-        choices=("auto", "bar", "lines", "off"),
-        default="auto",
-        help="auto: a progress bar when stdout is a terminal, else a line every --log-every seconds",
-    )
-    out.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines")
+    groups = {name: parser.add_argument_group(name, description) for name, description in GROUPS.items()}
+    for option in OPTION_FIELDS:
+        kwargs = dict(option.metadata["argparse"])
+        if not kwargs.get("required"):
+            kwargs["default"] = option.default
+        flag = "--" + option.name.replace("_", "-")
+        groups[option.metadata["group"]].add_argument(flag, help=option.metadata["help"], **kwargs)
     return parser
-
-
-# --- options ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Options:
-    algo: str
-    hyper: dict[str, Any]  # only what the algorithm takes
-    policy_kwargs: dict[str, Any] = field(default_factory=dict)
-    timesteps: int | None = None  # None: run until stopped (inference only)
-    stepping: Any = None  # StepOptions, or None for the broker's default
 
 
 def parse_net_arch(text: str, algo: str) -> list[int] | dict[str, list[int]]:
@@ -232,53 +322,11 @@ def parse_net_arch(text: str, algo: str) -> list[int] | dict[str, list[int]]:
     return arch
 
 
-def resolve_options(args: argparse.Namespace) -> Options:
-    """Check flag combinations and build the algorithm's keyword arguments (raises ValueError)."""
-    algo = args.algo
-    hyper: dict[str, Any] = dict(PPO_DEFAULTS) if algo == "ppo" else {}
-    for name, algos in HYPER_PARAMETERS.items():
-        value = getattr(args, name)
-        if value is None:
-            continue
-        if algo not in algos:
-            takes = ", ".join(f"--{n.replace('_', '-')}" for n, a in HYPER_PARAMETERS.items() if algo in a)
-            raise ValueError(f"--{name.replace('_', '-')} does not apply to {algo.upper()} (it takes {takes})")
-        hyper[name] = value
-    if "ent_coef" in hyper:
-        text = str(hyper["ent_coef"])
-        if algo == "sac" and text.startswith("auto"):
-            hyper["ent_coef"] = text
-        else:
-            try:
-                hyper["ent_coef"] = float(text)
-            except ValueError:
-                raise ValueError(f"--ent-coef must be a number, got {text!r}") from None
-    if algo == "ppo" and hyper["batch_size"] < 2:
-        raise ValueError("--batch-size must be at least 2 for PPO")
-    policy_kwargs: dict[str, Any] = {}
-    if args.net_arch is not None:
-        policy_kwargs["net_arch"] = parse_net_arch(args.net_arch, algo)
-    if args.resume_model_path:
-        path = Path(args.resume_model_path)
-        if not path.is_file() and not path.with_name(path.name + ".zip").is_file():
-            raise ValueError(f"--resume-model-path: no model file at {path}")
-        check_saved_algorithm(path if path.is_file() else path.with_name(path.name + ".zip"), algo)
-    if args.inference:
-        if not args.resume_model_path:
-            raise ValueError("--inference runs a saved model: give it with --resume-model-path")
-        timesteps = args.timesteps
-    else:
-        timesteps = DEFAULT_TIMESTEPS if args.timesteps is None else args.timesteps
-    if timesteps is not None and timesteps < 1:
-        raise ValueError("--timesteps must be positive")
-    if args.save_checkpoint_frequency is not None:
-        if args.save_checkpoint_frequency < 1:
-            raise ValueError("--save-checkpoint-frequency must be positive")
-        if not args.save_model_path:
-            raise ValueError("--save-checkpoint-frequency needs --save-model-path (checkpoints go next to it)")
-    if args.log_every <= 0:
-        raise ValueError("--log-every must be positive")
-    return Options(algo, hyper, policy_kwargs, timesteps, stepping_options(args))
+def resolve_options(args: argparse.Namespace) -> TrainOptions:
+    """The parsed flags as TrainOptions, checked (raises ValueError)."""
+    options = TrainOptions.from_args(args)
+    options.check()
+    return options
 
 
 # Attributes that only one algorithm saves in its zip's "data" (A2C's are all shared with PPO).
@@ -306,18 +354,6 @@ def check_saved_algorithm(path: Path, algo: str) -> None:
             f"--resume-model-path {path} holds a {saved.upper()} model, but --algo is {algo}; "
             f"resume it with --algo {saved} (the default is ppo), or train a new {algo.upper()} model without it"
         )
-
-
-def stepping_options(args: argparse.Namespace) -> Any:
-    from broker.protocol.messages import StepOptions
-
-    if args.stepping is None:
-        if args.deadline_ms is not None or args.hold_action is not None:
-            raise ValueError("--deadline-ms and --hold-action need --stepping (hold or barrier)")
-        return None
-    if args.deadline_ms is not None and args.deadline_ms < 0:
-        raise ValueError("--deadline-ms must not be negative")
-    return StepOptions(args.stepping, args.deadline_ms, args.hold_action or "repeat")
 
 
 def action_space_problem(algo: str, action_space: Any, spaces_text: str) -> str | None:
@@ -446,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         options = resolve_options(args)
-        policy_type = resolve_policy_type(args.policy_type)
+        policy_type = resolve_policy_type(options.policy_type)
     except ValueError as exc:
         parser.error(str(exc))
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops like Ctrl-C: save, exit 0
@@ -454,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     # an explicit SIGINT to a trainer means "save and stop" there too.
     previous_int = signal.signal(signal.SIGINT, _raise_interrupt)
     try:
-        return _run(args, options, policy_type)
+        return _run(options, policy_type)
     finally:
         signal.signal(signal.SIGTERM, previous)
         signal.signal(signal.SIGINT, previous_int)
@@ -464,7 +500,7 @@ def _fail(message: str) -> None:
     print(f"gdrl-train: {message}", file=sys.stderr, flush=True)
 
 
-def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
+def _run(options: TrainOptions, policy_type: Any) -> int:
     import stable_baselines3
     import torch
     from stable_baselines3.common.vec_env import VecMonitor
@@ -474,20 +510,20 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
     from clients.vec_env import BrokerVecEnv
 
     configure_logging()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(options.threads)
     try:
         broker_env = BrokerVecEnv(
-            args.policy,
-            args.broker,
-            token=args.token,
-            timeout_connect=args.connect_timeout,
-            stepping=options.stepping,
+            options.policy,
+            options.broker,
+            token=options.token,
+            timeout_connect=options.connect_timeout,
+            stepping=options.step_options,
         )
     except KeyboardInterrupt:
-        _fail(f"stopped by signal while joining the broker at {args.broker} as trainer of '{args.policy}'")
+        _fail(f"stopped by signal while joining the broker at {options.broker} as trainer of '{options.policy}'")
         return 130
     except (BrokerError, OSError) as exc:
-        _fail(f"cannot join the broker at {args.broker} as trainer of '{args.policy}': {exc}")
+        _fail(f"cannot join the broker at {options.broker} as trainer of '{options.policy}': {exc}")
         return 1
     spaces_text = ", ".join(f"{k}: {s.to_wire()}" for k, s in broker_env.spaces.action)
     problem = action_space_problem(options.algo, broker_env.action_space, spaces_text)
@@ -497,21 +533,25 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
         return 2
     env = VecMonitor(broker_env)
     algorithm = getattr(stable_baselines3, ALGORITHM_CLASSES[options.algo])
-    tb_name = f"{args.policy}_{algorithm.__name__}"
+    tb_name = f"{options.policy}_{algorithm.__name__}"
     try:
-        if args.resume_model_path:
-            overrides = {} if args.inference else _explicit_hyper(args, options)
+        if options.resume_model_path:
+            overrides = {} if options.inference else options.explicit_hyper
             model = algorithm.load(
-                args.resume_model_path, env=env, device=args.device, tensorboard_log=args.tensorboard_log, **overrides
+                options.resume_model_path,
+                env=env,
+                device=options.device,
+                tensorboard_log=options.tensorboard_log,
+                **overrides,
             )
-            model.set_random_seed(args.seed)
+            model.set_random_seed(options.seed)
         else:
             model = algorithm(
                 policy_type,
                 env,
-                seed=args.seed,
-                device=args.device,
-                tensorboard_log=args.tensorboard_log,
+                seed=options.seed,
+                device=options.device,
+                tensorboard_log=options.tensorboard_log,
                 policy_kwargs=options.policy_kwargs or None,
                 verbose=0,
                 **options.hyper,
@@ -520,32 +560,34 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
         env.close()
         return 0
     except Exception as exc:  # SB3 reports bad policies, spaces and files with assorted exception types
-        verb = "load" if args.resume_model_path else "build"
+        verb = "load" if options.resume_model_path else "build"
         _fail(f"cannot {verb} the {algorithm.__name__} model: {type(exc).__name__}: {exc}")
         env.close()
         return 2
 
-    tracker = Tracker(args.policy, options.timesteps, args.progress, args.log_every, sys.stdout, model.num_timesteps)
+    tracker = Tracker(
+        options.policy, options.total_timesteps, options.progress, options.log_every, sys.stdout, model.num_timesteps
+    )
     started = time.monotonic()
     interrupted = False
     broker_lost: str | None = None
     try:
-        if args.inference:
-            run_inference(model, env, tracker, options.timesteps)
+        if options.inference:
+            run_inference(model, env, tracker, options.total_timesteps)
         else:
             callbacks = [make_callback(tracker)]
-            if options.algo in ("ppo", "a2c") and not args.no_fresh_start:
+            if options.algo in ("ppo", "a2c") and not options.no_fresh_start:
                 from clients.callbacks import FreshStartCallback
 
                 callbacks.append(FreshStartCallback())
-            if args.save_checkpoint_frequency:
-                callbacks.append(_checkpoint_callback(args, env.num_envs))
-            assert options.timesteps is not None
+            if options.save_checkpoint_frequency:
+                callbacks.append(_checkpoint_callback(options, env.num_envs))
+            assert options.total_timesteps is not None
             model.learn(
-                total_timesteps=options.timesteps,
+                total_timesteps=options.total_timesteps,
                 callback=callbacks,
                 tb_log_name=tb_name,
-                reset_num_timesteps=not args.resume_model_path,
+                reset_num_timesteps=not options.resume_model_path,
             )
     except KeyboardInterrupt:
         interrupted = True
@@ -559,27 +601,24 @@ def _run(args: argparse.Namespace, options: Options, policy_type: Any) -> int:
         elapsed = time.monotonic() - started
         tracker.close()
         if interrupted:
-            print(f"[{args.policy}] stopped by signal after {tracker.done} steps", flush=True)
+            print(f"[{options.policy}] stopped by signal after {tracker.done} steps", flush=True)
         if broker_lost:
             _fail(f"lost the broker: {broker_lost}")
-        return _finish(args, options, model, broker_env, tracker, elapsed, interrupted, broker_lost)
+        return _finish(options, model, broker_env, tracker, elapsed, interrupted, broker_lost)
     finally:
         env.close()
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
 
 
-def _explicit_hyper(args: argparse.Namespace, options: Options) -> dict[str, Any]:
-    """On resume, only the hyper-parameters given on the command line replace the saved ones."""
-    return {name: options.hyper[name] for name in HYPER_PARAMETERS if getattr(args, name) is not None}
-
-
-def _checkpoint_callback(args: argparse.Namespace, n_envs: int) -> Any:
+def _checkpoint_callback(options: TrainOptions, n_envs: int) -> Any:
     from stable_baselines3.common.callbacks import CheckpointCallback
 
-    model_path = Path(args.save_model_path)
+    assert options.save_model_path and options.save_checkpoint_frequency  # check() made sure
+    model_path = Path(options.save_model_path)
     folder = model_path.parent / f"{model_path.name.removesuffix('.zip')}_checkpoints"
-    return CheckpointCallback(max(args.save_checkpoint_frequency // n_envs, 1), str(folder), name_prefix=args.policy)
+    every = max(options.save_checkpoint_frequency // n_envs, 1)
+    return CheckpointCallback(every, str(folder), name_prefix=options.policy)
 
 
 def run_inference(model: Any, env: Any, tracker: Tracker, timesteps: int | None) -> None:
@@ -594,8 +633,7 @@ def run_inference(model: Any, env: Any, tracker: Tracker, timesteps: int | None)
 
 
 def _finish(
-    args: argparse.Namespace,
-    options: Options,
+    options: TrainOptions,
     model: Any,
     broker_env: Any,
     tracker: Tracker,
@@ -605,31 +643,31 @@ def _finish(
 ) -> int:
     code = 1 if broker_lost else 0
     model_path = onnx_path = None
-    if args.save_model_path and not args.inference:
-        model.save(args.save_model_path)
-        model_path = str(Path(args.save_model_path).with_suffix(".zip"))
-    if args.onnx_export_path:
+    if options.save_model_path and not options.inference:
+        model.save(options.save_model_path)
+        model_path = str(Path(options.save_model_path).with_suffix(".zip"))
+    if options.onnx_export_path:
         from clients.onnx_export import export_onnx
 
         try:
-            export_onnx(model, args.onnx_export_path, broker_env.spaces, policy_name=args.policy)
-            onnx_path = str(args.onnx_export_path)
+            export_onnx(model, options.onnx_export_path, broker_env.spaces, policy_name=options.policy)
+            onnx_path = str(options.onnx_export_path)
         except (ValueError, TypeError, RuntimeError) as exc:
             _fail(f"ONNX export failed: {exc}")
             code = 1
     steps = tracker.done
-    report = summarize(args.policy, broker_env.num_envs, tracker.episodes, steps, elapsed)
+    report = summarize(options.policy, broker_env.num_envs, tracker.episodes, steps, elapsed)
     report.update(
         algo=model.__class__.__name__,
-        mode="inference" if args.inference else "train",
-        total_steps=int(model.num_timesteps) if not args.inference else steps,
+        mode="inference" if options.inference else "train",
+        total_steps=int(model.num_timesteps) if not options.inference else steps,
         interrupted=interrupted,
         error=broker_lost,
         model_path=model_path,
         onnx_path=onnx_path,
     )
-    if args.report_json:
-        path = Path(args.report_json)
+    if options.report_json:
+        path = Path(options.report_json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(report, indent=2))
     print(summary_line(report), flush=True)

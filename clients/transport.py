@@ -11,6 +11,7 @@ from typing import Final
 
 import structlog
 
+from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
 from broker.protocol.codec import BodyKind
 from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
@@ -18,7 +19,6 @@ from broker.protocol.messages import Close, Error, Hello, Message, Welcome
 from broker.tuning import tune_allocator
 from clients.errors import BrokerError
 
-DEFAULT_PORT = 11008
 DEFAULT_TIMEOUT_RECONNECT: Final = 60.0  # seconds a client waits for a lost broker to come back
 MAX_BACKOFF: Final = 1.0  # longest pause between connection attempts, so a broker that is back is found fast
 HANDSHAKE_TIMEOUT: Final = 10.0  # a broker that accepts but never welcomes us, while reconnecting
@@ -28,7 +28,8 @@ RETRY_NOTICE_EVERY: Final = 10.0  # and again this often, so a long wait is neve
 NOT_A_BROKER: Final = "not_a_broker"  # something answered at the address, but not with the broker's greeting
 START_BROKER_HINT: Final = "start it with `gdrl-broker serve`, or check the address"
 WRONG_PORT_HINT: Final = (
-    "check the address: give the port `gdrl-broker serve` listens on (default 11008; its --metrics-port is HTTP)"
+    f"check the address: give the port `gdrl-broker serve` listens on (default {DEFAULT_PORT}; "
+    "its --metrics-port is HTTP)"
 )
 # Answers that mean "not yet" while the broker still releases our previous session, or is still starting.
 RETRIED_WHILE_RECONNECTING: Final = frozenset(
@@ -54,7 +55,7 @@ class BrokerGoneError(BrokerError):
 class Address:
     """``host:port`` over TCP, or ``unix:/path`` for a Unix domain socket."""
 
-    host: str = "127.0.0.1"
+    host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     unix_path: str | None = None
 
@@ -66,8 +67,8 @@ class Address:
         text = text.removeprefix("tcp://")
         host, sep, port = text.rpartition(":")
         if not sep:
-            return cls(host=text or "127.0.0.1")
-        return cls(host=host.strip("[]") or "127.0.0.1", port=int(port))
+            return cls(host=text or DEFAULT_HOST)
+        return cls(host=host.strip("[]") or DEFAULT_HOST, port=int(port))
 
     def __str__(self) -> str:
         return f"unix:{self.unix_path}" if self.unix_path else f"{self.host}:{self.port}"

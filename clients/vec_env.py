@@ -17,7 +17,7 @@ import structlog
 from stable_baselines3.common.vec_env import VecEnv
 from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from broker.protocol import PROTOCOL_VERSION
+from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode
 from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
 from clients.errors import BrokerError
@@ -56,7 +56,7 @@ class BrokerVecEnv(VecEnv):
     def __init__(
         self,
         policy: str,
-        address: str | Address = "127.0.0.1:11008",
+        address: str | Address = DEFAULT_ADDRESS,
         *,
         name: str | None = None,
         token: str | None = None,
@@ -341,7 +341,7 @@ class BrokerVecEnv(VecEnv):
 class BrokerEnv(gym.Env[dict[str, np.ndarray], Any]):
     """A gymnasium Env over a policy that has exactly one agent in one game (for ``check_env``)."""
 
-    def __init__(self, policy: str, address: str | Address = "127.0.0.1:11008", **kwargs: Any) -> None:
+    def __init__(self, policy: str, address: str | Address = DEFAULT_ADDRESS, **kwargs: Any) -> None:
         self.venv = BrokerVecEnv(policy, address, **kwargs)
         if self.venv.num_envs != 1:
             n = self.venv.num_envs

@@ -44,6 +44,7 @@ from broker.core.metrics import PolicyMetrics
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import (
+    RESPONSE_WINDOW,
     Batch,
     Error,
     GameActions,
@@ -58,16 +59,10 @@ from broker.protocol.messages import (
     Waiting,
     Welcome,
 )
-from broker.protocol.spaces import DTYPES, GroupSpec, PolicySpaces, check_rows
+from broker.protocol.spaces import GroupSpec, PolicySpaces, check_rows
 
 log = structlog.get_logger("gdrl.hub")
 
-DEFAULT_HOLD_DEADLINE_MS = 20.0
-RESPONSE_WINDOW = 64  # recent trainer answer times kept per policy
-RESPONSE_MARGIN = 4.0  # default hold deadline: at least this many typical answers
-# The cap matters when one script steps several policies in turn: each trainer's answer time then includes
-# the others' steps (and their deadlines), which would otherwise feed back into ever longer deadlines.
-MAX_ADAPTIVE_DEADLINE_MS = 100.0
 ROUND_WAIT_CAP_S = 0.5  # longest a hold-mode game waits for the other games of a round
 # A game none of whose policies has a trainer gets at most one reply per this many seconds (hold mode):
 # nobody learns from those ticks, so running them flat out only takes CPU from the trainers.
@@ -172,15 +167,7 @@ class PolicyState:
 
     @property
     def deadline_s(self) -> float | None:
-        """An explicit deadline is kept as given. The hold default adapts: a trainer that always needs,
-        say, 30 ms to turn a large batch around is slow, not busy, and holding it would only add game ticks
-        that carry no decision; so the default is the larger of 20 ms and a few typical answers."""
-        if self.options.deadline_ms is not None:
-            return self.options.deadline_ms / 1000.0
-        if self.options.mode != "hold":
-            return None
-        adaptive = min(RESPONSE_MARGIN * self.typical_response_s, MAX_ADAPTIVE_DEADLINE_MS / 1000.0)
-        return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, adaptive)
+        return self.options.deadline_s(self.typical_response_s)
 
     def record_response(self, seconds: float) -> None:
         self.responses.append(seconds)
@@ -492,7 +479,7 @@ class Hub:
                 policy.unapplied.discard(game.slot)
                 policy.applied_at[game.slot] = game.tick
             elif self.policies[name].options.hold_action == "noop":
-                groups[name] = self._noop(game.groups[name])
+                groups[name] = game.groups[name].zero_actions()
         for name in held:
             self.policies[name].metrics.held_ticks += 1
         game.awaiting = False
@@ -582,13 +569,6 @@ class Hub:
                 trainer.link.send(Waiting(trainer.policy, connected, self.expected_games, reason))
         if self.stalls(min_wait_s=0.0):
             self._watch_stalls()
-
-    @staticmethod
-    def _noop(spec: GroupSpec) -> dict[str, np.ndarray]:
-        return {
-            key: np.zeros((spec.n_agents, *space.row_shape), DTYPES[space.wire_dtype])
-            for key, space in spec.spaces.action
-        }
 
     # --- trainers --------------------------------------------------------------------------------
 
@@ -716,7 +696,7 @@ class Hub:
         if accumulator is None or not accumulator.closed.any():
             return part
         stale = accumulator.closed
-        previous = game.last_actions.get(policy.name) or self._noop(game.groups[policy.name])
+        previous = game.last_actions.get(policy.name) or game.groups[policy.name].zero_actions()
         for row in np.flatnonzero(stale).tolist():
             accumulator.infos.setdefault(row, {})["action_applied"] = False
         return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}

@@ -51,7 +51,7 @@ from broker.legacy.wire import (
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
 from broker.protocol.messages import GameActions, GameStep, Hello, StepData, check_info
-from broker.protocol.spaces import MAX_AGENTS, DiscreteAction, GroupSpec, PolicySpaces
+from broker.protocol.spaces import MAX_AGENTS, GroupSpec, PolicySpaces
 
 INFO_TRUNCATED: Final = "TimeLimit.truncated"
 INFO_TERMINAL_OBS: Final = "terminal_observation"
@@ -162,7 +162,8 @@ class GodotRlGame:
             groups.append(AgentGroup(GroupSpec.from_wire(wire, f"env_info policy '{policy}'"), tuple(agents)))
         self.groups = tuple(groups)
         self.n_agents = n
-        self._last_actions = {g.spec.policy: _zero_actions(g.spec) for g in self.groups}
+        # a held group executes zeros before its trainer ever answered, as RLlib's wrapper sends
+        self._last_actions = {g.spec.policy: g.spec.zero_actions() for g in self.groups}
         self.phase = Phase.READY
         return Hello("game", PROTOCOL_VERSION, self.name, groups=tuple(g.spec for g in self.groups))
 
@@ -288,11 +289,3 @@ def _per_agent(field: str, n: int, value: Any) -> list[Any]:
 
 def _spaces_wire(spaces: PolicySpaces) -> dict[str, Any]:
     return {"observation_space": spaces.observation_wire(), "action_space": spaces.action_wire()}
-
-
-def _zero_actions(spec: GroupSpec) -> dict[str, np.ndarray]:
-    """What a held group executes before its trainer ever answered: zeros, as RLlib's wrapper sends."""
-    return {
-        key: np.zeros((spec.n_agents, *space.row_shape), np.int32 if isinstance(space, DiscreteAction) else np.float32)
-        for key, space in spec.spaces.action
-    }

@@ -4,9 +4,16 @@ from broker.protocol.errors import ErrorCode, LocalProtocolError, ProtocolError,
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 
 PROTOCOL_VERSION = 1
+# Where the broker listens and peers connect unless told otherwise (godot_rl's own default port).
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 11008
+DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 __all__ = [
+    "DEFAULT_ADDRESS",
+    "DEFAULT_HOST",
     "DEFAULT_MAX_FRAME_BYTES",
+    "DEFAULT_PORT",
     "PROTOCOL_VERSION",
     "ErrorCode",
     "FrameDecoder",

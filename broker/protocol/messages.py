@@ -177,6 +177,17 @@ class StepData:
 
 STEPPING_MODES = ("hold", "barrier")
 HOLD_ACTIONS = ("repeat", "noop")
+# The hold deadline of a policy whose trainer sets none adapts to that trainer (StepOptions.deadline_s).
+DEFAULT_HOLD_DEADLINE_MS = 20.0  # the floor, and the deadline of a trainer that answers fast
+RESPONSE_MARGIN = 4.0  # at least this many typical answers
+RESPONSE_WINDOW = 64  # recent answer times whose median is "typical"
+# The cap matters when one script steps several policies in turn: each trainer's answer time then includes
+# the others' steps (and their deadlines), which would otherwise feed back into ever longer deadlines.
+MAX_ADAPTIVE_DEADLINE_MS = 100.0
+HOLD_DEADLINE_DEFAULT_TEXT = (
+    f"adapts: the larger of {DEFAULT_HOLD_DEADLINE_MS:g} ms and {RESPONSE_MARGIN:g} x the trainer's median "
+    f"answer time over its last {RESPONSE_WINDOW} batches, at most {MAX_ADAPTIVE_DEADLINE_MS:g} ms"
+)
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,18 @@ class StepOptions:
     mode: str = "hold"
     deadline_ms: float | None = None
     hold_action: str = "repeat"
+
+    def deadline_s(self, typical_response_s: float) -> float | None:
+        """Seconds a game waits for this policy's actions; None: no limit. An explicit deadline is kept as
+        given. The hold default adapts: a trainer that always needs, say, 30 ms to turn a large batch around
+        is slow, not busy, and holding it would only add game ticks that carry no decision; so the default
+        is the larger of 20 ms and a few typical answers (``HOLD_DEADLINE_DEFAULT_TEXT``)."""
+        if self.deadline_ms is not None:
+            return self.deadline_ms / 1000.0
+        if self.mode != "hold":
+            return None
+        adaptive = min(RESPONSE_MARGIN * typical_response_s, MAX_ADAPTIVE_DEADLINE_MS / 1000.0)
+        return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, adaptive)
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"mode": self.mode, "hold_action": self.hold_action}

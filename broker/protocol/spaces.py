@@ -230,6 +230,11 @@ class PolicySpaces:
         )
         return cls(obs, act)
 
+    def zero_actions(self, n_rows: int) -> dict[str, np.ndarray]:
+        """All-zero actions for ``n_rows`` agents, in each key's wire dtype and shape: what a held agent does
+        before its trainer ever answered, and with hold action "noop"."""
+        return {key: np.zeros((n_rows, *space.row_shape), DTYPES[space.wire_dtype]) for key, space in self.action}
+
     def describe_difference(self, other: PolicySpaces) -> str:
         for label, mine, theirs in (
             ("observation", self.observation, other.observation),
@@ -255,6 +260,10 @@ class GroupSpec:
             "observation_space": self.spaces.observation_wire(),
             "action_space": self.spaces.action_wire(),
         }
+
+    def zero_actions(self) -> dict[str, np.ndarray]:
+        """All-zero actions for every agent of the group (see ``PolicySpaces.zero_actions``)."""
+        return self.spaces.zero_actions(self.n_agents)
 
     @classmethod
     def from_wire(cls, obj: Any, what: str) -> GroupSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from broker.protocol.messages import HOLD_ACTIONS, STEPPING_MODES, StepOptions
 
@@ -13,8 +14,8 @@ LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 @dataclass
 class ServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 11008
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
     unix_path: str | None = None
     expected_games: int = 1
     token: str | None = None
@@ -26,10 +27,12 @@ class ServerConfig:
     timeout_frame: float = 10.0  # once a frame has started after hello, it must be complete within this
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
-    metrics_port: int | None = None  # Prometheus text endpoint on 127.0.0.1, off by default
+    metrics_port: int | None = None  # Prometheus text endpoint, always on loopback (127.0.0.1); off by default
     # stepping defaults for policies whose trainer does not choose (docs/protocol.md, hold-and-accumulate)
     stepping: str = "hold"
-    deadline_ms: float | None = None  # None: 20 ms in hold mode, no deadline in barrier mode
+    # None: no deadline in barrier mode; in hold mode one that adapts between 20 and 100 ms to each trainer
+    # (StepOptions.deadline_s, HOLD_DEADLINE_DEFAULT_TEXT)
+    deadline_ms: float | None = None
     hold_action: str = "repeat"
     # godot_rl compatibility: games the broker launches, and godot_rl training scripts it serves
     env_path: str | None = None

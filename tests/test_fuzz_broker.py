@@ -145,6 +145,14 @@ class World:
             trainer = hub.add_trainer(link, Hello("trainer", PROTOCOL_VERSION, "h", policy="other"))
             hub.trainer_reset(trainer)
             open_batch = link.last(Batch)
+            # The fuzzed trainer may have answered its batch: then the game's next steps make the next one
+            # (a batch needs a tick after the answered actions reached the game).
+            for _ in range(2):
+                if open_batch is not None:
+                    break
+                hub.game_step(self.other_game, GameStep(self.other_game.next_tick, {"other": rows(2, 2)}))
+                open_batch = link.last(Batch)
+            assert open_batch is not None
             hub.trainer_act(trainer, TrainerAct(open_batch.step, {"move": np.zeros((2, 2), np.float32)}))
             assert self.other_game_link.last(GameActions) is not None
         else:  # slot 1 is free again

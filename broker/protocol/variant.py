@@ -90,13 +90,16 @@ def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     data = bytes(body)
     # The common case first: a message of plain types, read without per-read bound checks (a short
     # read raises struct.error instead). Anything else, valid or not, is read again by the checked
-    # decoder below, which gives the same values or the precise error.
-    try:
-        value, end = _fast_value(data, 0, 0)
-        if end == len(data) and type(value) is dict:
-            return value
-    except (_Unusual, struct.error, UnicodeDecodeError, RecursionError):
-        pass
+    # decoder below, which gives the same values or the precise error. The fast reader keeps no value
+    # budget: it only takes bodies too short to hold more than MAX_FRAME_ELEMENTS values (each value
+    # it reads has a 4-byte header; packed arrays other than bytes are left to the checked decoder).
+    if len(data) <= _FAST_MAX_BYTES:
+        try:
+            value, end = _fast_value(data, 0, 0)
+            if end == len(data) and type(value) is dict:
+                return value
+        except (_Unusual, struct.error, UnicodeDecodeError, RecursionError):
+            pass
     try:
         value, end = _Decoder(data).value(0, 0)
     except RecursionError:  # unreachable with MAX_DEPTH, kept so the contract holds regardless
@@ -106,6 +109,9 @@ def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     if not isinstance(value, dict):
         raise _malformed(f"message must be a Dictionary, got {type(value).__name__}")
     return value
+
+
+_FAST_MAX_BYTES: Final = 4 * MAX_FRAME_ELEMENTS
 
 
 class _Unusual(Exception):

@@ -22,13 +22,27 @@ IMAGE_KEY: Final = "camera_2d"  # godot_rl decodes keys containing "2d" as hex-e
 ACTION_KEY: Final = "move"
 ACTION_SIZE: Final = 2
 OBS_KINDS: Final = ("vec8", "vec64", "img")
-MODES: Final = ("godot_rl", "broker_tcp", "broker_unix", "inprocess", "raw")
+# The fair godot_rl baseline is the faster of its two ways to serve P policies (the first two modes).
+GODOT_RL_MODES: Final = ("godot_rl_per_policy", "godot_rl_one_env")
+MODES: Final = (
+    *GODOT_RL_MODES,
+    "godot_rl_emulator",
+    "broker_tcp",
+    "broker_unix",
+    "inprocess",
+    "raw",
+    "relay",
+)
+DEFAULT_MODES: Final = tuple(m for m in MODES if m != "godot_rl_emulator")
 MODE_TITLES: Final = {
-    "godot_rl": "(a) godot_rl GodotEnv + plugin emulator",
+    "godot_rl_per_policy": "(a) godot_rl, one port and one trainer process per policy, lean plugin game",
+    "godot_rl_one_env": "(a') godot_rl, all agents of all policies in one env, lean plugin game",
+    "godot_rl_emulator": "(a'') godot_rl, all agents in one env, clients/plugin_emulator.py (the old baseline)",
     "broker_tcp": "(b) broker TCP",
     "broker_unix": "(c) broker Unix socket",
     "inprocess": "(d) in-process VecEnv",
     "raw": "(e) raw one-hop ceiling",
+    "relay": "(f) two-hop ceiling: raw frames through a relay that does nothing else",
 }
 
 
@@ -84,7 +98,13 @@ class BenchConfig:
 
 
 ANCHOR: Final = BenchConfig(400, "vec64", 2, 1)  # the configuration of the throughput targets
-ONE_AGENT: Final = BenchConfig(1, "vec64", 1, 1)  # the configuration of the latency targets
+ONE_AGENT: Final = BenchConfig(1, "vec64", 1, 1)  # one agent, in the sweep
+# Issue 19's target configurations (agents x obs x policies x games).
+LATENCY: Final = BenchConfig(1, "vec8", 1, 1)
+SMALL: Final = BenchConfig(16, "vec64", 1, 1)
+SEVERAL_GAMES: Final = BenchConfig(16, "vec64", 2, 4)
+IMAGES: Final = BenchConfig(16, "img", 1, 1)
+TARGET_CONFIGS: Final = (LATENCY, SMALL, SEVERAL_GAMES, ANCHOR, IMAGES)
 
 
 @dataclass(frozen=True)
@@ -97,7 +117,7 @@ class Preset:
 
 def _sweep() -> tuple[BenchConfig, ...]:
     """One axis at a time around the anchor (400 agents x 64 floats x 2 policies x 1 game)."""
-    configs = [ANCHOR, ONE_AGENT]
+    configs = [ANCHOR, ONE_AGENT, *TARGET_CONFIGS]
     configs += [BenchConfig(n, "vec64", 2, 1) for n in (1, 16, 200, 1600)]
     configs += [BenchConfig(400, obs, 2, 1) for obs in ("vec8", "img")]
     configs += [BenchConfig(n, "img", 2, 1) for n in (16, 200)]  # images: bytes scaling at a fixed shape
@@ -109,8 +129,10 @@ def _sweep() -> tuple[BenchConfig, ...]:
 PRESETS: Final = {
     # For the test suite: two tiny configurations, every mode, well under a minute.
     "smoke": Preset((BenchConfig(16, "vec8", 2, 1), BenchConfig(4, "img", 1, 2)), 0.3, 0.6, {}),
-    # For CI: the two target configurations, a couple of seconds each.
-    "quick": Preset((ANCHOR, ONE_AGENT), 0.5, 2.0, {}),
+    # For CI: two target configurations, a couple of seconds each.
+    "quick": Preset((ANCHOR, LATENCY), 0.5, 2.0, {}),
+    # Issue 19's targets: every target configuration three times, modes interleaved.
+    "targets": Preset(TARGET_CONFIGS, 1.0, 3.0, {c: 3 for c in TARGET_CONFIGS}),
     # For docs/performance.md: the sweep, target configurations three times.
     "full": Preset(_sweep(), 1.0, 3.0, {ANCHOR: 3, ONE_AGENT: 3}),
 }

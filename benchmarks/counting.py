@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from typing import Any
+from typing import Any, Protocol
 
 from benchmarks.measure import emit
 
@@ -41,10 +41,18 @@ class CountingSocket:
         return getattr(self._sock, name)
 
 
+class ByteCounts(Protocol):
+    @property
+    def bytes_in(self) -> int: ...
+
+    @property
+    def bytes_out(self) -> int: ...
+
+
 class WireReport:
     """Cumulative bytes and ticks as JSON lines, at ticks 1, 2, 4, ... then every REPORT_EVERY ticks."""
 
-    def __init__(self, counter: CountingSocket) -> None:
+    def __init__(self, counter: ByteCounts) -> None:
         self.counter = counter
         self.ticks = 0
 

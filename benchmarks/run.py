@@ -1,15 +1,21 @@
 """Benchmark orchestrator: every mode of every configuration of a preset, a table, and a JSON file.
 
     python -m benchmarks.run --preset quick --out results.json
+    python -m benchmarks.run --preset targets --out results.json --markdown table.md    (issue 19's targets)
     python -m benchmarks.run --preset full --out results.json
     python -m benchmarks.run --preset smoke --modes raw,broker_tcp --out smoke.json
 
-Modes (configs.MODES): (a) ``godot_rl``: the real godot-rl package's GodotEnv + StableBaselinesGodotEnv.step,
-serving the plugin-protocol game emulator (clients/plugin_emulator.py), i.e. what users have today;
-(b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game (GameClient) + one BrokerVecEnv
-process per policy over TCP; (c) ``broker_unix``: the same over the broker's Unix socket; (d)
-``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
-games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly.
+Modes (configs.MODES): godot_rl as its users run it, the real godot-rl package's GodotEnv +
+StableBaselinesGodotEnv.step serving the lean plugin-protocol game (benchmarks/lean_plugin_game.py), for P
+policies either (a) ``godot_rl_per_policy``: one port and one trainer process per policy, or (a')
+``godot_rl_one_env``: all agents of all policies in one env; every ``x godot_rl`` ratio is against the
+faster of the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
+clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game
+(GameClient) + one BrokerVecEnv process per policy over TCP; (c) ``broker_unix``: the same over the broker's
+Unix socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per
+policy, games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes
+directly (the one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards
+them and does nothing else (the two-hop ceiling, the limit of any broker).
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """
@@ -39,12 +45,17 @@ import numpy as np
 
 from benchmarks.configs import (
     ANCHOR,
+    DEFAULT_MODES,
+    GODOT_RL_MODES,
     IMAGE_KEY,
     IMAGE_SHAPE,
+    IMAGES,
+    LATENCY,
     MODE_TITLES,
     MODES,
-    ONE_AGENT,
     PRESETS,
+    SEVERAL_GAMES,
+    SMALL,
     BenchConfig,
     Preset,
 )
@@ -227,20 +238,35 @@ class Run:
         config_json = json.dumps(self.config.to_json())
         timing = ["--warmup", str(self.warmup_s), "--measure", str(self.measure_s)]
         py = sys.executable
-        if self.mode == "godot_rl":
+        if self.mode == "godot_rl_emulator":  # the old baseline: all agents in one env, the full emulator
             ports = [free_port() for _ in range(self.config.games)]
-            trainer_args = ["--ports", ",".join(map(str, ports)), "--config", config_json, *timing]
+            trainer_args = ["--ports", ",".join(map(str, ports)), *timing]
             self.spawn("trainer", [py, "-m", "benchmarks.trainers", "godot_rl", *trainer_args])
             for i, port in enumerate(ports):
                 self.spawn(f"game-{i}", [py, "-m", "benchmarks.plugin_game", *emulator_args(self.config, port, i)])
             return 1
-        if self.mode == "raw":
-            port = free_port()
+        if self.mode in GODOT_RL_MODES:
+            return self._start_godot_rl(config_json, timing)
+        if self.mode in ("raw", "relay"):
+            trainer_port = free_port()
             self.spawn(
                 "trainer",
-                [py, "-m", "benchmarks.raw", "trainer", "--port", str(port), "--config", config_json, *timing],
+                [py, "-m", "benchmarks.raw", "trainer", "--port", str(trainer_port), "--config", config_json, *timing],
             )
             self.wait_event(deadline)
+            port = trainer_port
+            if self.mode == "relay":
+                port = free_port()
+                relay_args = [
+                    "--port",
+                    str(port),
+                    "--trainer-port",
+                    str(trainer_port),
+                    "--games",
+                    str(self.config.games),
+                ]
+                self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
+                self.wait_event(deadline)
             for i in range(self.config.games):
                 game_args = ["--port", str(port), "--config", config_json, "--game-index", str(i)]
                 self.spawn(f"game-{i}", [py, "-m", "benchmarks.raw", "game", *game_args])
@@ -278,6 +304,26 @@ class Run:
             self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "broker", *trainer_args])
         self._spawn_games(address, config_json)
         return self.config.policies
+
+    def _start_godot_rl(self, config_json: str, timing: list[str]) -> int:
+        """godot_rl as its users run it, serving the lean plugin game (one process per game copy).
+
+        ``godot_rl_per_policy``: one trainer process per policy, each a StableBaselinesGodotEnv over its own
+        port per game; every game holds one connection per policy. ``godot_rl_one_env``: one trainer, every
+        policy's agents in each game's one env."""
+        py = sys.executable
+        split = self.mode == "godot_rl_per_policy"
+        servers = self.config.policy_names if split else ["all"]
+        ports = {name: [free_port() for _ in range(self.config.games)] for name in servers}
+        for name in servers:
+            role = f"trainer-{name}" if split else "trainer"
+            args = ["--ports", ",".join(map(str, ports[name])), "--label", name, *timing]
+            self.spawn(role, [py, "-m", "benchmarks.trainers", "godot_rl", *args])
+        for i in range(self.config.games):
+            game_ports = ",".join(str(ports[name][i]) for name in servers)
+            args = ["--config", config_json, "--game-index", str(i), "--ports", game_ports]
+            self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *(["--split"] if split else [])])
+        return len(servers)
 
     def _spawn_games(self, address: str, config_json: str) -> None:
         for i in range(self.config.games):
@@ -360,7 +406,25 @@ class Run:
                 out["broker_rss_per_connection_kb"] = (last.rss_bytes - self.broker_idle_rss) / connections / 1024
             if broker.role == "broker":
                 out["broker_bytes_per_step"] = delta(broker, "io_bytes") / steps
+        out["cpu_us_per_agent_step"] = self.cpu_per_agent_step(out["cpu_us_per_step"])
         return out
+
+    def cpu_per_agent_step(self, per_step: dict[str, float]) -> dict[str, float]:
+        """CPU microseconds per agent-step of the games, the middle (broker or relay) and the trainers."""
+        kinds = {"game": 0.0, "middle": 0.0, "trainers": 0.0}
+        for role, us in per_step.items():
+            if role.startswith("game"):
+                kinds["game"] += us
+            elif role in ("broker", "relay"):
+                kinds["middle"] += us
+            elif role == "trainer+broker":  # in-process: the broker is its loop thread, the trainers the rest
+                loop = per_step.get("broker loop", 0.0)
+                kinds["middle"] += loop
+                kinds["trainers"] += us - loop
+            elif role != "broker loop":  # the broker process's own figure, counted above
+                kinds["trainers"] += us
+        kinds["total"] = kinds["game"] + kinds["middle"] + kinds["trainers"]
+        return {kind: us / self.config.agents_per_step for kind, us in kinds.items()}
 
 
 def emulator_args(config: BenchConfig, port: int, game_index: int) -> list[str]:
@@ -388,7 +452,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
     machine_before = machine_info()
     for config in preset.configs:
         for repeat in range(preset.repeats.get(config, 1)):
-            for mode in modes:  # modes interleaved, so a noisy spell hits all of them alike
+            for mode in modes_for(config, modes):  # interleaved, so a noisy spell hits all modes alike
                 workdir = Path(tempfile.mkdtemp(prefix="gdrl-bench-"))
                 record: dict[str, Any] = {"config": config.to_json(), "mode": mode, "repeat": repeat}
                 try:
@@ -417,31 +481,55 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "duration_s": time.monotonic() - started,
         "machine": {"before": machine_before, "after": machine_info()},
         "summary": summary,
+        "godot_rl_baselines": godot_rl_baselines(summary, preset.configs),
         "targets": targets(summary),
         "runs": runs,
     }
 
 
+RATIO_BASES = ("godot_rl", "raw", "relay", "godot_rl_emulator")
+
+
+def modes_for(config: BenchConfig, modes: list[str]) -> list[str]:
+    """The modes a configuration is measured in: with one policy, godot_rl's two ways are the same processes."""
+    return [m for m in modes if not (m == "godot_rl_one_env" and config.policies == 1)]
+
+
+def _base_value(by_mode: dict[str, dict[str, Any]], base: str) -> float | None:
+    """A baseline's agent-steps/s in one repeat; ``godot_rl`` is the faster of its two ways (GODOT_RL_MODES)."""
+    if base == "godot_rl":
+        values = [by_mode[m]["agent_steps_per_s"] for m in GODOT_RL_MODES if m in by_mode]
+        return max(values) if values else None
+    return by_mode[base]["agent_steps_per_s"] if base in by_mode else None
+
+
 def summarize(runs: list[dict[str, Any]], configs: tuple[BenchConfig, ...], modes: list[str]) -> list[dict[str, Any]]:
-    """Per configuration and mode: the run with the median throughput, and ratios to the baselines."""
+    """Per configuration and mode: the run with the median throughput, and the median of the ratios to each
+    baseline paired within a repeat (modes of one repeat ran back to back)."""
     rows = []
     for config in configs:
-        by_mode: dict[str, dict[str, Any]] = {}
-        for mode in modes:
-            ok = [r for r in runs if r["config"] == config.to_json() and r["mode"] == mode and "error" not in r]
-            if not ok:
+        ok = [r for r in runs if r["config"] == config.to_json() and "error" not in r]
+        repeats: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in ok:
+            repeats.setdefault(r["repeat"], {})[r["mode"]] = r
+        for mode in modes_for(config, modes):
+            mine = sorted((r for r in ok if r["mode"] == mode), key=lambda r: r["agent_steps_per_s"])
+            if not mine:
                 continue
-            ok.sort(key=lambda r: r["agent_steps_per_s"])
-            median = dict(ok[(len(ok) - 1) // 2])
-            median["repeats"] = len(ok)
-            median["agent_steps_per_s_all"] = [r["agent_steps_per_s"] for r in ok]
-            by_mode[mode] = median
-        for mode, row in by_mode.items():
-            out = {k: v for k, v in row.items() if k not in ("runs",)}
-            for base in ("godot_rl", "raw"):
-                if base in by_mode and base != mode:
-                    out[f"x_{base}"] = row["agent_steps_per_s"] / by_mode[base]["agent_steps_per_s"]
-            rows.append(out)
+            row = {k: v for k, v in mine[(len(mine) - 1) // 2].items() if k != "repeat"}
+            row["repeats"] = len(mine)
+            row["agent_steps_per_s_all"] = [r["agent_steps_per_s"] for r in mine]
+            for base in RATIO_BASES:
+                if base == mode:
+                    continue
+                ratios = []
+                for by_mode in repeats.values():
+                    value = _base_value(by_mode, base)
+                    if mode in by_mode and value:
+                        ratios.append(by_mode[mode]["agent_steps_per_s"] / value)
+                if ratios:
+                    row[f"x_{base}"] = statistics.median(ratios)
+            rows.append(row)
     return rows
 
 
@@ -449,19 +537,28 @@ def _find(summary: list[dict[str, Any]], config: BenchConfig, mode: str) -> dict
     return next((r for r in summary if r["config"] == config.to_json() and r["mode"] == mode), None)
 
 
+# Issue 19 item 4: (configuration, mode, against, goal). "godot_rl" is the faster of GODOT_RL_MODES.
 TARGETS = (
-    (ANCHOR, "broker_tcp", "godot_rl", 20.0),
+    (LATENCY, "broker_tcp", "relay", 0.8),
+    (LATENCY, "broker_tcp", "godot_rl", 0.6),
+    (LATENCY, "inprocess", "godot_rl", 1.2),
+    (SMALL, "broker_tcp", "godot_rl", 1.0),
+    (SMALL, "inprocess", "godot_rl", 1.5),
+    (SEVERAL_GAMES, "broker_tcp", "godot_rl", 2.0),
+    (SEVERAL_GAMES, "inprocess", "godot_rl", 3.0),
+    (ANCHOR, "broker_tcp", "godot_rl", 10.0),
     (ANCHOR, "broker_tcp", "raw", 0.5),
     (ANCHOR, "inprocess", "raw", 0.8),
-    (ONE_AGENT, "broker_tcp", "godot_rl", 0.7),
-    (ONE_AGENT, "inprocess", "godot_rl", 1.0),
+    (IMAGES, "broker_tcp", "godot_rl", 3.0),
 )
 
 
 def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every target, met or missed; beside it what the two-hop ceiling reaches against the same baseline."""
     out = []
     for config, mode, base, goal in TARGETS:
         row = _find(summary, config, mode)
+        relay = _find(summary, config, "relay")
         ratio = row.get(f"x_{base}") if row else None
         out.append(
             {
@@ -471,8 +568,21 @@ def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "goal": goal,
                 "ratio": ratio,
                 "met": None if ratio is None else ratio >= goal,
+                "relay_ratio": relay.get(f"x_{base}") if relay and base != "relay" else None,
+                "cpu_us_per_agent_step": row["cpu_us_per_agent_step"] if row else None,
             }
         )
+    return out
+
+
+def godot_rl_baselines(summary: list[dict[str, Any]], configs: tuple[BenchConfig, ...]) -> list[dict[str, Any]]:
+    """Per configuration, which of godot_rl's ways was faster (the baseline of every ``x_godot_rl``)."""
+    out = []
+    for config in configs:
+        rows = [r for m in GODOT_RL_MODES if (r := _find(summary, config, m)) is not None]
+        if rows:
+            best = max(rows, key=lambda r: r["agent_steps_per_s"])
+            out.append({"config": config.label, "faster": best["mode"], "agent_steps_per_s": best["agent_steps_per_s"]})
     return out
 
 
@@ -503,9 +613,14 @@ COLUMNS: tuple[tuple[str, Any, str], ...] = (
     ("agent-steps/s", lambda r: r["agent_steps_per_s"], "{:,.0f}"),
     ("x godot_rl", lambda r: r.get("x_godot_rl"), "{:.2f}"),
     ("x raw", lambda r: r.get("x_raw"), "{:.2f}"),
+    ("x relay", lambda r: r.get("x_relay"), "{:.2f}"),
     ("mean ms", lambda r: r["latency_mean_ms"], "{:.3f}"),
     ("p99 ms", lambda r: r["latency_p99_ms"], "{:.3f}"),
     ("CPU us/step", lambda r: r["cpu_us_per_step_total"], "{:,.0f}"),
+    ("CPU us/agent-step", lambda r: r["cpu_us_per_agent_step"]["total"], "{:.3g}"),
+    ("game", lambda r: r["cpu_us_per_agent_step"]["game"], "{:.3g}"),
+    ("broker/relay", lambda r: r["cpu_us_per_agent_step"]["middle"] or None, "{:.3g}"),
+    ("trainers", lambda r: r["cpu_us_per_agent_step"]["trainers"], "{:.3g}"),
     ("broker CPU", lambda r: r["broker_cpu_cores"], "{:.2f}"),
     ("broker share", lambda r: r["broker_cpu_share"], "{:.2f}"),
     ("broker RSS MB", lambda r: r["broker_peak_rss_mb"], "{:.1f}"),
@@ -523,13 +638,40 @@ def _cells(row: dict[str, Any]) -> list[str]:
     return cells
 
 
+def _measured_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The targets of the configurations this run measured (the JSON keeps every target)."""
+    measured = {row["config"]["label"] for row in result["summary"]}
+    return [t for t in result["targets"] if t["config"] in measured]
+
+
 def _target_lines(result: dict[str, Any]) -> list[str]:
     lines = []
-    for t in result["targets"]:
+    for t in _measured_targets(result):
         verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
         what = f"{t['config']:<34} {t['mode']:<12} vs {t['against']:<9}"
-        lines.append(f"{what} {ratio:>8} (goal {t['goal']}x): {verdict}")
+        line = f"{what} {ratio:>8} (goal {t['goal']}x): {verdict}"
+        if t["relay_ratio"] is not None:
+            line += f"; two-hop ceiling {t['relay_ratio']:.2f}x"
+        lines.append(line)
+    return lines
+
+
+def targets_table(result: dict[str, Any]) -> list[str]:
+    """Issue 19 item 4 as a Markdown table: one row per configuration, a cell per mode, met/missed per goal."""
+    cells: dict[str, dict[str, list[str]]] = {}
+    for t in _measured_targets(result):
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
+        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "missed")
+        text = f"{ratio} {t['against']} (>= {t['goal']}x: {verdict})"
+        if t["cpu_us_per_agent_step"] is not None:
+            text += f", CPU {t['cpu_us_per_agent_step']['total']:.3g} us/agent-step"
+        cells.setdefault(t["config"], {}).setdefault(t["mode"], []).append(text)
+    lines = ["| configuration | broker TCP | in-process |", "|---|---|---|"]
+    for config, by_mode in cells.items():
+        lines.append(
+            f"| {config} | {'; '.join(by_mode.get('broker_tcp', []))} | {'; '.join(by_mode.get('inprocess', []))} |"
+        )
     return lines
 
 
@@ -547,7 +689,9 @@ def format_table(result: dict[str, Any]) -> str:
         if i and cells[0] != rows[i - 1][0]:
             lines.append("")
         lines.append(line(cells))
-    lines += ["", "targets:", *("  " + t for t in _target_lines(result))]
+    lines += ["", "targets:", *("  " + t for t in _target_lines(result) or ["(none of this run's configurations)"])]
+    lines += ["", "godot_rl baseline (the faster way):"]
+    lines += [f"  {b['config']:<34} {b['faster']}" for b in result["godot_rl_baselines"]]
     failed = [r for r in result["runs"] if "error" in r]
     if failed:
         lines.append(
@@ -561,7 +705,7 @@ def format_markdown(result: dict[str, Any]) -> str:
     header = ["configuration", "mode", *(name for name, _, _ in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in result["summary"]]
-    lines += ["", "```", *_target_lines(result), "```"]
+    lines += ["", *targets_table(result)]
     return "\n".join(lines)
 
 
@@ -575,7 +719,11 @@ def _parse_config(text: str) -> BenchConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="quick")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
+    parser.add_argument(
+        "--modes",
+        default=",".join(DEFAULT_MODES),
+        help=f"comma-separated subset of {','.join(MODES)}, or 'all' (default: all but godot_rl_emulator)",
+    )
     parser.add_argument("--out", default=None, help="write the results here as JSON")
     parser.add_argument("--markdown", default=None, help="also write the table here as Markdown")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds allowed for one run")
@@ -597,7 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.glibc_defaults:
         _extra_env.clear()
         _extra_env.update(GLIBC_DEFAULTS)
-    modes = [m for m in args.modes.split(",") if m]
+    modes = list(MODES) if args.modes == "all" else [m for m in args.modes.split(",") if m]
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         parser.error(f"unknown modes {unknown}; choose from {list(MODES)}")

@@ -2,7 +2,7 @@
 
     python -m benchmarks.trainers broker --address ADDR --policy p0      (one per policy, SB3 VecEnv)
     python -m benchmarks.trainers inprocess --config JSON                (broker + one thread per policy)
-    python -m benchmarks.trainers godot_rl --ports P0,P1 --config JSON   (godot_rl's own SB3 VecEnv)
+    python -m benchmarks.trainers godot_rl --ports P0,P1 [--label p0]   (godot_rl's own SB3 VecEnv, a port per game)
 
 Each prints JSON lines on stdout: ``{"event": "ready", ...}`` once listening or connected, then one
 ``{"event": "result", ...}`` per policy when its window closes; it keeps stepping (unmeasured) until
@@ -74,8 +74,10 @@ def run_inprocess(config: BenchConfig, warmup_s: float, measure_s: float) -> Non
         thread.join()
 
 
-def run_godot_rl(ports: list[int], config: BenchConfig, warmup_s: float, measure_s: float) -> None:
-    """What users have today: godot_rl's GodotEnv per game, stepped by its StableBaselinesGodotEnv.step."""
+def run_godot_rl(ports: list[int], warmup_s: float, measure_s: float, label: str = "godot_rl") -> None:
+    """What users have today: godot_rl's GodotEnv per game, stepped by its StableBaselinesGodotEnv.step.
+
+    One of these per policy (each on its own ports) is how godot_rl users train several policies with SB3."""
     from godot_rl.core.godot_env import GodotEnv
     from godot_rl.wrappers.stable_baselines_wrapper import StableBaselinesGodotEnv
 
@@ -90,7 +92,7 @@ def run_godot_rl(ports: list[int], config: BenchConfig, warmup_s: float, measure
     venv.n_parallel = len(envs)
     venv.results = None
     n_envs = venv.num_envs
-    meter = Meter(warmup_s, measure_s, MIN_STEPS, n_envs, "godot_rl")
+    meter = Meter(warmup_s, measure_s, MIN_STEPS, n_envs, label)
     actions = _actions(n_envs, 0)
     try:
         venv.reset()
@@ -108,19 +110,18 @@ def main() -> None:
     parser.add_argument("--address", help="broker: host:port or unix:/path")
     parser.add_argument("--policy", help="broker: the policy to train")
     parser.add_argument("--ports", help="godot_rl: one port per game, comma-separated")
-    parser.add_argument("--config", help="inprocess, godot_rl: a BenchConfig as JSON")
+    parser.add_argument("--config", help="inprocess: a BenchConfig as JSON")
+    parser.add_argument("--label", default="godot_rl", help="godot_rl: what the result is called")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--measure", type=float, default=2.0)
     args = parser.parse_args()
     configure_logging(level="warning")
     if args.kind == "broker":
         run_broker(args.address, args.policy, args.warmup, args.measure)
+    elif args.kind == "inprocess":
+        run_inprocess(BenchConfig.from_json(json.loads(args.config)), args.warmup, args.measure)
     else:
-        config = BenchConfig.from_json(json.loads(args.config))
-        if args.kind == "inprocess":
-            run_inprocess(config, args.warmup, args.measure)
-        else:
-            run_godot_rl([int(p) for p in args.ports.split(",")], config, args.warmup, args.measure)
+        run_godot_rl([int(p) for p in args.ports.split(",")], args.warmup, args.measure, args.label)
 
 
 if __name__ == "__main__":

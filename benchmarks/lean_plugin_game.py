@@ -12,9 +12,13 @@ limit) and written with one ``sendmsg`` per frame. Action frames are read into a
 only their ``type`` prefix is looked at (``--check-actions`` decodes and checks every one, for the tests).
 So the baseline's time is godot_rl's Python side, not the game's.
 
-Observations are fixed text (JSON parsing costs godot_rl the same whatever the digits), written as Godot's
-``JSON.stringify`` writes floats (14 significant digits); ``done`` marks each agent once every ``HORIZON``
-steps, staggered as in configs.GroupWorld, and Godot resets it silently (done is edge-triggered).
+Observations are fixed text holding the values the broker's modes carry (configs.GroupWorld: four numbers
+per agent, the rest zeros), written as Godot's ``JSON.stringify`` writes floats (14 significant digits, ``0``
+for zero); ``--dense`` fills every number instead, as a game with rich observations would (godot_rl's JSON
+parsing takes about twice as long then, the broker's binary arrays the same). Only the digits would change
+from step to step in a real game, and godot_rl parses any digits alike, so the text stays fixed. ``done``
+marks each agent once every ``HORIZON`` steps, staggered as in configs.GroupWorld, and Godot resets it
+silently (done is edge-triggered).
 
 With ``--split`` the game holds one connection per policy, as a multi-policy godot_rl game must (each policy
 is its own godot_rl env on its own port: MultiServerSync, reference §4.4). It writes every policy's reply
@@ -59,7 +63,7 @@ def json_list(items: list[str]) -> bytes:
 class SessionSpec:
     """What one connection (one Sync node) serves: its agents, their policies, and every reply's bytes."""
 
-    def __init__(self, config: BenchConfig, game_index: int, policies: list[str]) -> None:
+    def __init__(self, config: BenchConfig, game_index: int, policies: list[str], dense: bool = False) -> None:
         self.config = config
         self.policies = policies
         self.agent_policy_names = [name for name in policies for _ in range(config.agents)]
@@ -67,7 +71,12 @@ class SessionSpec:
         # Per agent: its index inside its policy (what the staggering of configs.GroupWorld uses).
         self.row_in_policy = np.tile(np.arange(config.agents), len(policies))
         rng = np.random.default_rng(1000 + game_index)
-        self.vectors = rng.uniform(-1, 1, (self.n, config.vector_size)).astype(np.float32)
+        if dense:
+            self.vectors = rng.uniform(-1, 1, (self.n, config.vector_size)).astype(np.float32)
+        else:  # the values configs.GroupWorld carries in the broker's modes: 4 numbers, the rest zeros
+            self.vectors = np.zeros((self.n, config.vector_size), np.float32)
+            self.vectors[:, 1] = self.row_in_policy / max(config.agents, 100)
+            self.vectors[:, 2:4] = rng.uniform(-1, 1, (self.n, 2))  # the last action, the position
         self.vectors[:, 0] = game_index / 100
         self.images: np.ndarray | None = None
         if config.obs == "img":
@@ -257,11 +266,11 @@ def connect(port: int, timeout: float) -> socket.socket:
     return sock
 
 
-def session_specs(config: BenchConfig, game_index: int, split: bool) -> list[SessionSpec]:
+def session_specs(config: BenchConfig, game_index: int, split: bool, dense: bool = False) -> list[SessionSpec]:
     """One spec with every policy's agents, or (``split``) one per policy."""
     if split:
-        return [SessionSpec(config, game_index, [name]) for name in config.policy_names]
-    return [SessionSpec(config, game_index, config.policy_names)]
+        return [SessionSpec(config, game_index, [name], dense) for name in config.policy_names]
+    return [SessionSpec(config, game_index, config.policy_names, dense)]
 
 
 def play(sessions: list[Session], report: WireReport | None = None) -> int:
@@ -275,8 +284,10 @@ def play(sessions: list[Session], report: WireReport | None = None) -> int:
             report.tick()
 
 
-def run(config: BenchConfig, game_index: int, ports: list[int], split: bool, check_actions: bool) -> int:
-    specs = session_specs(config, game_index, split)
+def run(
+    config: BenchConfig, game_index: int, ports: list[int], split: bool, check_actions: bool, dense: bool = False
+) -> int:
+    specs = session_specs(config, game_index, split, dense)
     if len(ports) != len(specs):
         raise SystemExit(f"need {len(specs)} port(s) for {'one per policy' if split else 'one env'}, got {ports}")
     sessions: list[Session] = []
@@ -318,11 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ports", required=True, help="one port (all agents), or one per policy with --split")
     parser.add_argument("--split", action="store_true", help="one connection per policy (MultiServerSync)")
     parser.add_argument("--check-actions", action="store_true", help="decode and check every action frame")
+    parser.add_argument("--dense", action="store_true", help="every observation number non-zero (14 digits)")
     args = parser.parse_args(argv)
     config = BenchConfig.from_json(json.loads(args.config))
     ports = [int(p) for p in args.ports.split(",")]
     try:
-        ticks = run(config, args.game_index, ports, args.split, args.check_actions)
+        ticks = run(config, args.game_index, ports, args.split, args.check_actions, args.dense)
     except ProtocolError as exc:
         print(f"lean plugin game: {exc}", file=sys.stderr)
         return 2

@@ -77,6 +77,7 @@ MALLOC_TUNING = {
 }
 GLIBC_DEFAULTS = {"GDRL_BROKER_MALLOC_TUNING": "0"}
 _extra_env: dict[str, str] = dict(MALLOC_TUNING)
+_lean_game_flags: list[str] = []  # ["--dense"]: every observation number non-zero in godot_rl's JSON
 
 
 def python_env() -> dict[str, str]:
@@ -257,14 +258,8 @@ class Run:
             port = trainer_port
             if self.mode == "relay":
                 port = free_port()
-                relay_args = [
-                    "--port",
-                    str(port),
-                    "--trainer-port",
-                    str(trainer_port),
-                    "--games",
-                    str(self.config.games),
-                ]
+                relay_args = ["--port", str(port), "--trainer-port", str(trainer_port)]
+                relay_args += ["--games", str(self.config.games)]
                 self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
                 self.wait_event(deadline)
             for i in range(self.config.games):
@@ -322,7 +317,8 @@ class Run:
         for i in range(self.config.games):
             game_ports = ",".join(str(ports[name][i]) for name in servers)
             args = ["--config", config_json, "--game-index", str(i), "--ports", game_ports]
-            self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *(["--split"] if split else [])])
+            args += [*(["--split"] if split else []), *_lean_game_flags]
+            self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args])
         return len(servers)
 
     def _spawn_games(self, address: str, config_json: str) -> None:
@@ -476,6 +472,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "mode_titles": {m: MODE_TITLES[m] for m in modes},
         "stepping": STEPPING,
         "environment": dict(_extra_env),
+        "lean_game_flags": list(_lean_game_flags),
         "warmup_s": preset.warmup_s,
         "measure_s": preset.measure_s,
         "duration_s": time.monotonic() - started,
@@ -644,19 +641,6 @@ def _measured_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in result["targets"] if t["config"] in measured]
 
 
-def _target_lines(result: dict[str, Any]) -> list[str]:
-    lines = []
-    for t in _measured_targets(result):
-        verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "MISSED")
-        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
-        what = f"{t['config']:<34} {t['mode']:<12} vs {t['against']:<9}"
-        line = f"{what} {ratio:>8} (goal {t['goal']}x): {verdict}"
-        if t["relay_ratio"] is not None:
-            line += f"; two-hop ceiling {t['relay_ratio']:.2f}x"
-        lines.append(line)
-    return lines
-
-
 def targets_table(result: dict[str, Any]) -> list[str]:
     """Issue 19 item 4 as a Markdown table: one row per configuration, a cell per mode, met/missed per goal."""
     cells: dict[str, dict[str, list[str]]] = {}
@@ -664,6 +648,8 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}x"
         verdict = "n/a" if t["met"] is None else ("met" if t["met"] else "missed")
         text = f"{ratio} {t['against']} (>= {t['goal']}x: {verdict})"
+        if t["relay_ratio"] is not None:
+            text += f", two-hop ceiling {t['relay_ratio']:.2f}x"
         if t["cpu_us_per_agent_step"] is not None:
             text += f", CPU {t['cpu_us_per_agent_step']['total']:.3g} us/agent-step"
         cells.setdefault(t["config"], {}).setdefault(t["mode"], []).append(text)
@@ -689,7 +675,7 @@ def format_table(result: dict[str, Any]) -> str:
         if i and cells[0] != rows[i - 1][0]:
             lines.append("")
         lines.append(line(cells))
-    lines += ["", "targets:", *("  " + t for t in _target_lines(result) or ["(none of this run's configurations)"])]
+    lines += ["", "targets:", *(targets_table(result) if _measured_targets(result) else ["(none measured)"])]
     lines += ["", "godot_rl baseline (the faster way):"]
     lines += [f"  {b['config']:<34} {b['faster']}" for b in result["godot_rl_baselines"]]
     failed = [r for r in result["runs"] if "error" in r]
@@ -741,7 +727,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run every process with glibc's default allocator settings (no tuning, broker's included)",
     )
+    parser.add_argument(
+        "--dense-json",
+        action="store_true",
+        help="the lean plugin game fills every observation number (default: the broker modes' values, mostly 0)",
+    )
     args = parser.parse_args(argv)
+    if args.dense_json:
+        _lean_game_flags.append("--dense")
     if args.glibc_defaults:
         _extra_env.clear()
         _extra_env.update(GLIBC_DEFAULTS)

@@ -210,6 +210,8 @@ class Session:
         kind = message.get("type")
         if kind == "action":
             self._check(message.get("action"))
+        elif kind == "call":  # the plugin would call a method on every agent; no benchmark trainer calls
+            raise ProtocolError(f"the benchmark game has no methods to call: {message!r:.100}")
         elif kind not in ("reset", "close"):
             raise ProtocolError(f"message was not handled: {message!r:.100} (a real game would hang here)")
         self.pending = kind

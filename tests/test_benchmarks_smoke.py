@@ -177,6 +177,38 @@ def test_sb3_trains_on_the_lean_game_through_godot_rl_one_port_per_policy() -> N
     assert finished(game)["actions"] >= 128 // 4
 
 
+def test_lean_game_refuses_what_the_plugin_would_not_handle() -> None:
+    """A server that is not godot_rl (no 0.7 handshake), or an action list of the wrong length, stops the lean
+    game with a clear message instead of a benchmark of the wrong thing."""
+    config = BenchConfig(2, "vec8", 1, 1)
+    for script, expected in (
+        ([{"type": "hello"}], "expected the 0.7 handshake first"),
+        (
+            [
+                {"type": "handshake", "major_version": "0", "minor_version": "7"},
+                {"type": "env_info"},
+                {"type": "action", "action": [{"move": [0.0, 0.0]}]},
+            ],
+            "action must list 2 agents",
+        ),
+    ):
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(1)
+            listener.settimeout(60)
+            game = spawn_python(
+                "-m", "benchmarks.lean_plugin_game", "--config", json.dumps(config.to_json()),
+                "--ports", str(listener.getsockname()[1]), "--check-actions", stderr=subprocess.PIPE,
+            )  # fmt: skip
+            conn, _ = listener.accept()
+            with conn:
+                for message in script:
+                    body = json.dumps(message).encode()
+                    conn.sendall(len(body).to_bytes(4, "little") + body)
+                _, err = game.communicate(timeout=60)
+        assert game.returncode == 2 and expected in err.decode(), err
+
+
 @pytest.mark.parametrize(("preset_name", "modes"), [("smoke", "all"), ("quick", "default")])
 def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_name: str, modes: str) -> None:
     pytest.importorskip("godot_rl.core.godot_env", reason="the baseline needs `pip install --no-deps godot-rl==0.8.2`")

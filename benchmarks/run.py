@@ -614,10 +614,10 @@ COLUMNS: tuple[tuple[str, Any, str], ...] = (
     ("mean ms", lambda r: r["latency_mean_ms"], "{:.3f}"),
     ("p99 ms", lambda r: r["latency_p99_ms"], "{:.3f}"),
     ("CPU us/step", lambda r: r["cpu_us_per_step_total"], "{:,.0f}"),
-    ("CPU us/agent-step", lambda r: r["cpu_us_per_agent_step"]["total"], "{:.3g}"),
-    ("game", lambda r: r["cpu_us_per_agent_step"]["game"], "{:.3g}"),
-    ("broker/relay", lambda r: r["cpu_us_per_agent_step"]["middle"] or None, "{:.3g}"),
-    ("trainers", lambda r: r["cpu_us_per_agent_step"]["trainers"], "{:.3g}"),
+    ("CPU us/agent-step", lambda r: r["cpu_us_per_agent_step"]["total"], "us"),
+    ("game", lambda r: r["cpu_us_per_agent_step"]["game"], "us"),
+    ("broker/relay", lambda r: r["cpu_us_per_agent_step"]["middle"] or None, "us"),
+    ("trainers", lambda r: r["cpu_us_per_agent_step"]["trainers"], "us"),
     ("broker CPU", lambda r: r["broker_cpu_cores"], "{:.2f}"),
     ("broker share", lambda r: r["broker_cpu_share"], "{:.2f}"),
     ("broker RSS MB", lambda r: r["broker_peak_rss_mb"], "{:.1f}"),
@@ -627,11 +627,16 @@ COLUMNS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
+def micros(value: float) -> str:
+    """CPU microseconds: three significant digits below 100, whole numbers above."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
     cells = [row["config"]["label"], row["mode"]]
     for _, get, spec in COLUMNS:
         value = get(row)
-        cells.append("-" if value is None else spec.format(value))
+        cells.append("-" if value is None else micros(value) if spec == "us" else spec.format(value))
     return cells
 
 
@@ -651,7 +656,7 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         if t["relay_ratio"] is not None:
             text += f", two-hop ceiling {t['relay_ratio']:.2f}x"
         if t["cpu_us_per_agent_step"] is not None:
-            text += f", CPU {t['cpu_us_per_agent_step']['total']:.3g} us/agent-step"
+            text += f", CPU {micros(t['cpu_us_per_agent_step']['total'])} us/agent-step"
         cells.setdefault(t["config"], {}).setdefault(t["mode"], []).append(text)
     lines = ["| configuration | broker TCP | in-process |", "|---|---|---|"]
     for config, by_mode in cells.items():

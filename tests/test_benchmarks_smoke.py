@@ -33,7 +33,8 @@ from benchmarks.configs import (
     BenchWorld,
 )
 from benchmarks.lean_plugin_game import SessionSpec
-from benchmarks.raw import check_same_bytes, step_frame
+from benchmarks.raw import HEADER, check_same_bytes, step_frame
+from benchmarks.relay import Forwarder
 from benchmarks.run import BROKER_MODES, modes_for
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.helpers import ROOT, python_env, spawn_python
@@ -50,6 +51,23 @@ def test_raw_ceiling_sends_the_protocols_own_step_bytes() -> None:
         frames.add(len(step_frame(world)))
         world.apply({name: {ACTION_KEY: np.full((3, 2), tick / 60, np.float32)} for name in ("p0", "p1")})
     assert len(frames) > 1  # some steps carried final observations
+
+
+def test_relay_forwards_frames_unchanged() -> None:
+    """The two-hop ceiling moves the very frames it reads, small ones and ones larger than its buffer."""
+    game, relay_in = socket.socketpair()
+    relay_out, trainer = socket.socketpair()
+    forwarder = Forwarder(capacity=64)
+    frames = [HEADER.pack(len(body)) + body for body in (b"x", bytes(range(256)) * 40, b"", b"tail")]
+    expected = b"".join(frames)
+    with game, relay_in, relay_out, trainer:
+        game.sendall(expected)  # 10 KiB: fits the socket buffers, so one thread can play every side
+        for _ in frames:
+            forwarder.forward(relay_in, relay_out)
+        received = b""
+        while len(received) < len(expected):
+            received += trainer.recv(1 << 16)
+    assert received == expected
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ only their ``type`` prefix is looked at (``--check-actions`` decodes and checks 
 So the baseline's time is godot_rl's Python side, not the game's.
 
 Observations are fixed text holding the values the broker's modes carry (configs.GroupWorld: four numbers
-per agent, the rest zeros), written as Godot's ``JSON.stringify`` writes floats (14 significant digits, ``0``
+per agent, the rest zeros), written as Godot's ``JSON.stringify`` writes floats (up to 15 significant digits, ``0``
 for zero); ``--dense`` fills every number instead, as a game with rich observations would (godot_rl's JSON
 parsing takes about twice as long then, the broker's binary arrays the same). Only the digits would change
 from step to step in a real game, and godot_rl parses any digits alike, so the text stays fixed. ``done``
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 import struct
 import sys
@@ -45,6 +46,7 @@ HEADER: Final = struct.Struct("<I")
 # godot_rl's json.dumps keeps insertion order with its default separators: the type comes first.
 ACTION_PREFIX: Final = b'{"type": "action"'
 HANDSHAKE_VERSIONS: Final = ("0", "7")
+MAX_DECIMALS: Final = 32  # Godot's String::num
 
 
 class ProtocolError(RuntimeError):
@@ -52,8 +54,19 @@ class ProtocolError(RuntimeError):
 
 
 def godot_float(value: float) -> str:
-    """A float as Godot 4's JSON.stringify writes it: 14 significant digits."""
-    return format(value, ".14g")
+    """A float as Godot 4.2's JSON.stringify writes it (core/io/json.cpp with String::num, checked on 4.2.3).
+
+    Positive numbers get ``14 - floor(log10(x))`` decimals; for zero and negatives that logarithm is NaN and
+    String::num falls back to 14 decimals, less ``floor(log10(|x|))`` above 10. Trailing zeros are dropped."""
+    magnitude = abs(value)
+    if value > 0:
+        decimals = 14 - math.floor(math.log10(value))
+    else:
+        decimals = 14 - (math.floor(math.log10(magnitude)) if magnitude > 10 else 0)
+    text = f"{value:.{min(decimals, MAX_DECIMALS)}f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 def json_list(items: list[str]) -> bytes:
@@ -331,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ports", required=True, help="one port (all agents), or one per policy with --split")
     parser.add_argument("--split", action="store_true", help="one connection per policy (MultiServerSync)")
     parser.add_argument("--check-actions", action="store_true", help="decode and check every action frame")
-    parser.add_argument("--dense", action="store_true", help="every observation number non-zero (14 digits)")
+    parser.add_argument("--dense", action="store_true", help="every observation number non-zero (15 digits)")
     args = parser.parse_args(argv)
     config = BenchConfig.from_json(json.loads(args.config))
     ports = [int(p) for p in args.ports.split(",")]

@@ -32,11 +32,12 @@ from benchmarks.configs import (
     BenchConfig,
     BenchWorld,
 )
-from benchmarks.lean_plugin_game import SessionSpec
+from benchmarks.lean_plugin_game import SessionSpec, godot_float
 from benchmarks.raw import HEADER, check_same_bytes, step_frame
 from benchmarks.relay import Forwarder
 from benchmarks.run import BROKER_MODES, modes_for
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
+from tests.godot_engine import require_godot
 from tests.helpers import ROOT, python_env, spawn_python
 
 MIDDLE_MODES = (*BROKER_MODES, "relay")  # a process between game and trainer
@@ -193,6 +194,30 @@ def test_sb3_trains_on_the_lean_game_through_godot_rl_one_port_per_policy() -> N
         stepper.join(timeout=60)
     assert len(p1_steps) >= 128 // 4 and all(p1_obs_ok)  # lock-step: p1 stepped with every p0 step
     assert finished(game)["actions"] >= 128 // 4
+
+
+def test_lean_game_writes_floats_as_godot_does(tmp_path: Path) -> None:
+    """The real engine's JSON.stringify of the same float32 values (as a Godot game's observations are) gives
+    the very numbers the lean game sends: signs, zeros and magnitudes from 1e-20 to 1e6."""
+    godot = require_godot()
+    rng = np.random.default_rng(3)
+    magnitudes = 10.0 ** rng.uniform(-8, 6, 60) * rng.choice([-1, 1], 60)
+    values = np.concatenate([rng.uniform(-1, 1, 60), magnitudes, [0, 1, -1, 10, -10, 0.5, 1e-20]]).astype(np.float32)
+    script = tmp_path / "stringify.gd"
+    script.write_text(
+        "extends SceneTree\n"
+        "func _init():\n"
+        "\tvar values := []\n"
+        f'\tfor f in "{values.tobytes().hex()}".hex_decode().to_float32_array():\n'
+        "\t\tvalues.append(f)\n"
+        '\tprint("JSON:" + JSON.stringify(values, "", false))\n'
+        "\tquit()\n"
+    )
+    out = subprocess.run(
+        [str(godot), "--headless", "--script", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    ).stdout
+    written = next(line for line in out.splitlines() if line.startswith("JSON:"))[len("JSON:") :]
+    assert written == "[" + ",".join(godot_float(float(v)) for v in values) + "]"
 
 
 def test_lean_game_refuses_what_the_plugin_would_not_handle() -> None:

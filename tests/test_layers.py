@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,3 +211,19 @@ def test_the_fence_sees_imports() -> None:
     assert offending([ROOT / "broker" / "server" / "daemon.py"], ASYNC_IO), "daemon.py imports asyncio"
     [entry] = offending([ROOT / PROGRAM_ENTRY], ("clients",))
     assert entry.startswith(f"{PROGRAM_ENTRY}:") and entry.endswith(": from clients.cli import main"), entry
+
+
+def test_the_program_is_the_clients_cli_and_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """One parser: ``gdrl-broker`` (console script and ``python -m broker``) is clients.cli.main, which adds
+    the peers' subcommands to broker.cli's parser; broker.cli alone knows ``serve`` only."""
+    from broker import cli as broker_cli
+    from clients import cli
+
+    script = re.search(r'^gdrl-broker = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert script is not None and script.group(1) == "clients.cli:main"  # tomllib is 3.11+; this runs on 3.10
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "{serve,sim-game,demo,status}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        broker_cli.main(["--help"])
+    assert "{serve}" in capsys.readouterr().out

@@ -1,18 +1,12 @@
-"""``gdrl-broker status``: ask a running broker for its live numbers and show them as a table, JSON or
-Prometheus text."""
+"""``gdrl-broker status``: ask a running broker for its live numbers, and the table that shows them (the
+command itself is in clients/cli.py)."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 from typing import Any
 
-from broker.cli import HelpFormatter, Subcommands, read_token_file
-from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
+from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.messages import Hello, Status
-from broker.status import prometheus_text
 from clients.transport import PeerSocket
 
 COLUMNS = """columns (README "Troubleshooting" says what to do about what they show):
@@ -28,23 +22,6 @@ COLUMNS = """columns (README "Troubleshooting" says what to do about what they s
   games waited s    seconds games waited for the trainer's actions"""
 
 
-def add_command(commands: Subcommands) -> None:
-    parser = commands.add_parser(
-        "status",
-        help="show a running broker's games, trainers and policies",
-        formatter_class=HelpFormatter,
-        epilog=COLUMNS,
-    )
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
-    parser.add_argument(
-        "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
-    )
-    parser.add_argument("--token-file", default=None, metavar="PATH", help="read the token from this file")
-    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
-    parser.add_argument("--json", action="store_true", help="print the raw JSON")
-    parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
-
-
 def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
     sock = PeerSocket(
         address, Hello("observer", PROTOCOL_VERSION, "gdrl-broker status", token), timeout_connect=timeout
@@ -56,27 +33,6 @@ def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -
         return message.status
     finally:
         sock.close()
-
-
-def print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    try:
-        token = read_token_file(args.token_file) if args.token_file else args.token
-        status = fetch_status(args.address, token, timeout=args.timeout)
-    except Exception as exc:
-        parser.exit(1, f"gdrl-broker status: {exc}\n")
-    if args.json:
-        text = json.dumps(status, indent=2) + "\n"
-    elif args.prometheus:
-        text = prometheus_text(status)
-    else:
-        text = render_table(status) + "\n"
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `gdrl-broker status --json | head`: the reader has what it wanted. Point stdout at /dev/null so
-        # the interpreter's final flush does not fail too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def render_table(status: dict[str, Any]) -> str:

@@ -58,6 +58,11 @@ class ServerThread:
     def address(self) -> str:
         return f"{self.config.host}:{self.server.port}"
 
+    @property
+    def native_id(self) -> int | None:
+        """The OS id of the broker's thread (benchmarks count its CPU time apart from the trainer's)."""
+        return self._thread.native_id
+
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` on the broker's loop and return its result (or raise its error)."""
 

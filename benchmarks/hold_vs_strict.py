@@ -94,7 +94,7 @@ def trainer_main(argv: list[str]) -> None:
     started = time.monotonic()
 
     def game_ticks() -> float:
-        from broker.status import fetch_status
+        from clients.status import fetch_status
 
         games = fetch_status(args.address)["games"]
         return float(np.mean([g["ticks"] for g in games]))
@@ -509,7 +509,7 @@ def _wait_until(condition: Any, timeout: float) -> None:
 
 
 def _status(address: str) -> dict[str, Any]:
-    from broker.status import fetch_status
+    from clients.status import fetch_status
 
     return fetch_status(address)
 

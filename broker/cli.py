@@ -1,24 +1,28 @@
-"""``gdrl-broker``: serve, run simulated games, or run the self-contained demo."""
+"""``gdrl-broker``'s parser and the broker's own subcommand, ``serve`` (the daemon).
+
+The peers' subcommands (``sim-game``, ``demo``, ``status``) live with the peers: ``clients.cli`` adds them
+to this parser and is what the ``gdrl-broker`` program runs, so the broker never imports a client.
+``main`` here knows ``serve`` only.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import signal
-import sys
+from typing import TypeAlias
 
-from broker.launcher import GameLauncher, LaunchSpec, resolve_env_path
-from broker.legacy.edge import GodotRlTrainerConnector, parse_trainer_target
+from broker.legacy.edge import parse_trainer_target
 from broker.log import configure_logging
-from broker.protocol import DEFAULT_ADDRESS
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 from broker.server.config import ServerConfig
-from broker.server.server import BrokerServer, new_event_loop
+from broker.server.daemon import run_daemon
+from broker.server.launcher import resolve_env_path
+
+# The type of ``add_subparsers()``' result, for the peers that add their subcommands to the parser.
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Show a flag's default in --help, when it has one worth showing."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -27,42 +31,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         meaningless = action.default is None or action.default is False or action.default in ([], argparse.SUPPRESS)
         shown = not meaningless and "default" not in text and not secret
         return text + " (default: %(default)s)" if shown else text
-
-
-STATUS_COLUMNS = """columns (README "Troubleshooting" says what to do about what they show):
-  agents            VecEnv slots of the policy (its agents summed over all games)
-  trainer           the trainer's name, - while none is connected
-  mode              hold or barrier stepping (docs/protocol.md section 5)
-  steps/s           env steps delivered to the trainer per second (10 s window)
-  ticks/s           game ticks carrying the policy per second
-  mean ep. reward   mean return of the last 100 episodes
-  held              share of game ticks on which the policy's agents repeated their last action
-  longest hold      most game ticks one transition spanned
-  trainer waited s  seconds the trainer waited for games
-  games waited s    seconds games waited for the trainer's actions"""
-
-
-def _print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from broker.status import fetch_status, prometheus_text, render_table
-
-    try:
-        token = read_token_file(args.token_file) if args.token_file else args.token
-        status = fetch_status(args.address, token, timeout=args.timeout)
-    except Exception as exc:
-        parser.exit(1, f"gdrl-broker status: {exc}\n")
-    if args.json:
-        text = json.dumps(status, indent=2) + "\n"
-    elif args.prometheus:
-        text = prometheus_text(status)
-    else:
-        text = render_table(status) + "\n"
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `gdrl-broker status --json | head`: the reader has what it wanted. Point stdout at /dev/null so
-        # the interpreter's final flush does not fail too.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -216,101 +184,34 @@ def check_godot_rl_options(config: ServerConfig) -> None:
         raise ValueError(f"--godot-rl-trainer names a policy twice: {policies}")
 
 
-async def serve(config: ServerConfig, port_file: str | None = None) -> None:
-    server = BrokerServer(config)
-    await server.start()
-    if port_file:
-        with open(port_file + ".tmp", "w") as f:
-            f.write(str(server.port))
-        os.replace(port_file + ".tmp", port_file)  # readers never see a half-written file
-    launcher = None
-    if config.env_path:
-        spec = LaunchSpec(
-            config.env_path,
-            config.n_parallel,
-            server.port,
-            config.seed,
-            config.speedup,
-            config.action_repeat,
-            config.headless,
-        )
-        launcher = GameLauncher(spec)
-        launcher.start()
-    connectors = [GodotRlTrainerConnector(server, *parse_trainer_target(target)) for target in config.godot_rl_trainers]
-    for connector in connectors:
-        connector.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    if launcher is not None:
-        launcher.stop_relaunching()
-    for connector in connectors:
-        await connector.stop()
-    await server.shutdown()
-    if launcher is not None:
-        await launcher.stop()  # what the close message did not end
+def build_parser() -> tuple[argparse.ArgumentParser, Subcommands]:
+    """The ``gdrl-broker`` parser with ``serve``, and its subcommands, to which clients.cli adds the peers'."""
+    parser = argparse.ArgumentParser(prog="gdrl-broker", description="One port, many policies.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve_parser = commands.add_parser("serve", help="run the broker daemon", formatter_class=HelpFormatter)
+    _add_serve_arguments(serve_parser)
+    return parser, commands
+
+
+def run_serve(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``gdrl-broker serve``: until SIGINT/SIGTERM; a bad option exits 2, a port that cannot be bound 1."""
+    configure_logging(args.log_json, args.log_level)
+    try:
+        config = config_from_args(args)
+        config.validate()
+        check_godot_rl_options(config)
+    except ValueError as exc:
+        parser.exit(2, f"gdrl-broker: {exc}\n")
+    try:
+        run_daemon(config, args.port_file)
+    except OSError as exc:
+        parser.exit(1, f"gdrl-broker: cannot listen: {exc}\n")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="gdrl-broker", description="One port, many policies.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="run the broker daemon", formatter_class=_HelpFormatter)
-    _add_serve_arguments(serve_parser)
-
-    from clients import sim_game
-
-    sim_parser = commands.add_parser(
-        "sim-game", help="run simulated game instance(s) against a broker", formatter_class=_HelpFormatter
-    )
-    sim_game.add_arguments(sim_parser)
-
-    from clients import demo
-
-    demo_parser = commands.add_parser(
-        "demo", help="broker + simulated games + one trainer per policy", formatter_class=_HelpFormatter
-    )
-    demo.add_arguments(demo_parser)
-
-    status_parser = commands.add_parser(
-        "status",
-        help="show a running broker's games, trainers and policies",
-        formatter_class=_HelpFormatter,
-        epilog=STATUS_COLUMNS,
-    )
-    status_parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
-    status_parser.add_argument(
-        "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
-    )
-    status_parser.add_argument("--token-file", default=None, metavar="PATH", help="read the token from this file")
-    status_parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
-    status_parser.add_argument("--json", action="store_true", help="print the raw JSON")
-    status_parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
-
-    args = parser.parse_args(argv)
-    if args.command == "status":
-        _print_status(parser, args)
-        return
-    if args.command == "serve":
-        configure_logging(args.log_json, args.log_level)
-        try:
-            config = config_from_args(args)
-            config.validate()
-            check_godot_rl_options(config)
-        except ValueError as exc:
-            parser.exit(2, f"gdrl-broker: {exc}\n")
-        loop = new_event_loop()
-        try:
-            loop.run_until_complete(serve(config, args.port_file))
-        except OSError as exc:
-            parser.exit(1, f"gdrl-broker: cannot listen: {exc}\n")
-        finally:
-            loop.close()
-    elif args.command == "sim-game":
-        sys.exit(sim_game.run_from_args(args))
-    elif args.command == "demo":
-        sys.exit(demo.run_from_args(args))
+    """The broker's commands alone (``serve``); the ``gdrl-broker`` program is ``clients.cli.main``."""
+    parser, _ = build_parser()
+    run_serve(parser, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

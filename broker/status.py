@@ -1,27 +1,10 @@
-"""``gdrl-broker status``: ask a running broker for its live numbers, and the Prometheus text form."""
+"""The broker's live numbers in their outside forms: made safe for the wire (the ``status`` message) and
+as Prometheus text (``serve --metrics-port``, ``gdrl-broker status --prometheus``)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
-
-from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.messages import Hello, Status
-
-
-def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-    from clients.transport import PeerSocket  # the blocking client; the daemon itself never imports it
-
-    sock = PeerSocket(
-        address, Hello("observer", PROTOCOL_VERSION, "gdrl-broker status", token), timeout_connect=timeout
-    )
-    try:
-        message = sock.recv()
-        if not isinstance(message, Status):
-            raise RuntimeError(f"expected status, got {message.TYPE}")
-        return message.status
-    finally:
-        sock.close()
 
 
 def wire_safe(value: Any) -> Any:
@@ -38,28 +21,6 @@ def wire_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [wire_safe(v) for v in value]
     return wire_safe(str(value))
-
-
-def render_table(status: dict[str, Any]) -> str:
-    games = status.get("games", [])
-    connected = sum(1 for g in games if g.get("connected"))
-    lines = [
-        f"broker up {status.get('uptime_s', 0):.0f} s, {status.get('connections', 0)} connections, "
-        f"games {connected}/{len(games)}",
-        "",
-        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'state':<30} {'mode':<8} {'steps/s':>9} {'ticks/s':>8} "
-        f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
-    ]
-    for name, p in status.get("policies", {}).items():
-        reward = p.get("mean_episode_reward")
-        state = p.get("state") or ("training" if p.get("trainer") else "no trainer")
-        lines.append(
-            f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
-            f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
-            f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
-            f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
-        )
-    return "\n".join(lines)
 
 
 PROMETHEUS_FIELDS = {

@@ -196,7 +196,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the first instance; instance i gets SEED+i")
     parser.add_argument("--instances", type=int, default=1, help="game instances to run, one process each")
     parser.add_argument("--max-ticks", type=int, default=None, help="stop after this many ticks (default: never)")
-    parser.add_argument("--name", default=None, help="game name in the broker's log (default: game@HOST:PID)")
+    parser.add_argument(
+        "--name",
+        default=None,
+        help="game name in the broker's log (default: game@HOST:PID; with --instances N: sim-0 ... sim-N-1)",
+    )
     parser.add_argument("--token", default=None, help="shared token, if the broker asks for one")
     parser.add_argument(
         "--connect-timeout", type=float, default=60.0, help="seconds to keep trying to reach the broker"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.status import fetch_status
 from clients.errors import BrokerError
+from clients.status import fetch_status
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import broker_process, python_env, spawn_python
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from broker.launcher import GameLauncher, LaunchSpec, game_argv, resolve_env_path
+from broker.server.launcher import GameLauncher, LaunchSpec, game_argv, resolve_env_path
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import ROOT, broker_process, python_env
 

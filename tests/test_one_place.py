@@ -150,8 +150,8 @@ def _parser_default(build: Any, dest: str) -> Any:
 
 
 def test_every_default_address_is_the_protocols() -> None:
-    from broker.launcher import LaunchSpec
     from broker.server.config import ServerConfig
+    from broker.server.launcher import LaunchSpec
     from clients import sim_game, train
     from clients.plugin_emulator import EmulatorConfig
     from clients.transport import Address

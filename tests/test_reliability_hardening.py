@@ -31,9 +31,9 @@ from broker.protocol.messages import Batch, Hello, Message, StepData
 from broker.protocol.spaces import BoxSpace, DiscreteAction, GroupSpec, PolicySpaces
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer
-from broker.status import fetch_status
 from clients.errors import BrokerError
 from clients.game import GameClient
+from clients.status import fetch_status
 from clients.transport import PeerSocket
 from tests.scripts.reliability_common import (
     Broker,

@@ -1,0 +1,79 @@
+"""``gdrl-broker``, the program: the broker's ``serve`` (``broker.cli``) and the peers' subcommands,
+``sim-game``, ``demo`` and ``status``, in one parser. ``python -m broker`` runs this too."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from broker import cli as broker_cli
+from broker.protocol import DEFAULT_ADDRESS
+from broker.status import prometheus_text
+from clients import demo, sim_game, status
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, commands = broker_cli.build_parser()
+    sim_parser = commands.add_parser(
+        "sim-game", help="run simulated game instance(s) against a broker", formatter_class=broker_cli.HelpFormatter
+    )
+    sim_game.add_arguments(sim_parser)
+    demo_parser = commands.add_parser(
+        "demo", help="broker + simulated games + one trainer per policy", formatter_class=broker_cli.HelpFormatter
+    )
+    demo.add_arguments(demo_parser)
+    _add_status_command(commands)
+
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        broker_cli.run_serve(parser, args)
+    elif args.command == "status":
+        _print_status(parser, args)
+    elif args.command == "sim-game":
+        sys.exit(sim_game.run_from_args(args))
+    elif args.command == "demo":
+        sys.exit(demo.run_from_args(args))
+
+
+def _add_status_command(commands: broker_cli.Subcommands) -> None:
+    parser = commands.add_parser(
+        "status",
+        help="show a running broker's games, trainers and policies",
+        formatter_class=broker_cli.HelpFormatter,
+        epilog=status.COLUMNS,
+    )
+    parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
+    parser.add_argument(
+        "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
+    )
+    parser.add_argument("--token-file", default=None, metavar="PATH", help="read the token from this file")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON")
+    parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
+
+
+def _print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        token = broker_cli.read_token_file(args.token_file) if args.token_file else args.token
+        numbers = status.fetch_status(args.address, token, timeout=args.timeout)
+    except Exception as exc:
+        parser.exit(1, f"gdrl-broker status: {exc}\n")
+    if args.json:
+        text = json.dumps(numbers, indent=2) + "\n"
+    elif args.prometheus:
+        text = prometheus_text(numbers)
+    else:
+        text = status.render_table(numbers) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `gdrl-broker status --json | head`: the reader has what it wanted. Point stdout at /dev/null so
+        # the interpreter's final flush does not fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+if __name__ == "__main__":
+    main()

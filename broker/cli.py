@@ -10,11 +10,11 @@ import signal
 import sys
 
 from broker.launcher import GameLauncher, LaunchSpec, resolve_env_path
-from broker.legacy.edge import GodotRlTrainerConnector, parse_trainer_target
 from broker.log import configure_logging
 from broker.protocol import DEFAULT_ADDRESS
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 from broker.server.config import ServerConfig
+from broker.server.dialer import GodotRlTrainerConnector, parse_trainer_target
 from broker.server.server import BrokerServer, new_event_loop
 
 

@@ -11,11 +11,11 @@ import argparse
 import os
 from typing import TypeAlias
 
-from broker.legacy.edge import parse_trainer_target
 from broker.log import configure_logging
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 from broker.server.config import ServerConfig
 from broker.server.daemon import run_daemon
+from broker.server.dialer import parse_trainer_target
 from broker.server.launcher import resolve_env_path
 
 # The type of ``add_subparsers()``' result, for the peers that add their subcommands to the parser.

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from broker.legacy.edge import GodotRlTrainerConnector
+from broker.server.dialer import GodotRlTrainerConnector
 from clients.inprocess import InProcessBroker
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.helpers import broker_process, spawn_python

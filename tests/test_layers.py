@@ -138,7 +138,6 @@ def test_asyncio_only_in_server() -> None:
     assert not bad, "asyncio outside broker/server/:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="passes once the edge branch lands")
 def test_legacy_is_sans_io() -> None:
     bad = offending(sources("broker/legacy"), ("asyncio", "uvloop", "socket", "selectors", "broker.server"))
     assert not bad, "broker/legacy/ must be sans-IO and must not import the server:\n" + "\n".join(bad)
@@ -161,7 +160,6 @@ def _asyncio_code_in_legacy() -> dict[str, set[str]]:
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="passes once the edge branch lands")
 def test_server_takes_no_asyncio_code_from_legacy() -> None:
     asyncio_code = _asyncio_code_in_legacy()
     bad = [

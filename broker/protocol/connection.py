@@ -11,13 +11,17 @@ map), so one port serves both with no timeout and no guessing.
 
 The legal messages per state live in one table, ``_ALLOWED``; anything else is a protocol error
 that blames the peer.
+
+``ServerConnection`` is what the server drives, whatever the peer speaks: ``BrokerConnection`` for native
+peers, and for an unmodified godot_rl plugin game the connection that ``broker.legacy.game_connection``
+builds on top of it once the first frame turned out to be JSON (a ``LegacyMessage``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame, pack_json, unpack_json
@@ -67,11 +71,82 @@ class State(Enum):
     CLOSED = "closed"
 
 
-@dataclass
-class LegacyMessage:
+class ConnectionEvent:
+    """Base of what a connection reports that is not a message for the hub."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True)
+class LegacyMessage(ConnectionEvent):
     """A JSON message from an unmodified godot_rl game."""
 
     body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a peer is told gently that it is refused: ``now`` at once, then the connection stays open for
+    ``grace_s`` seconds (the server arms the timer) or until the peer's next frame, then its last word."""
+
+    now: bytes
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class Refused(ConnectionEvent):
+    """The connection refused what its peer said (it logged why): tell the peer ``refusal.now``."""
+
+    refusal: Refusal
+
+
+@dataclass(frozen=True)
+class Farewell(ConnectionEvent):
+    """Write ``data``, then close: the connection has nothing more to say or hear."""
+
+    data: bytes
+
+
+class CannotSend(Exception):
+    """A connection cannot carry a message meant for its peer (it logged why): close it, without a last
+    word, and let the hub's caller carry on."""
+
+
+class ServerConnection(Protocol):
+    """The broker's end of one accepted connection, sans-IO: bytes in, events out, bytes to send."""
+
+    @property
+    def codec(self) -> BodyKind:
+        """The peer's body codec (for checking that a value is encodable before it is sent)."""
+        ...
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes received that are not a whole frame yet."""
+        ...
+
+    def greeting(self) -> bytes:
+        """What the broker says first, on accept."""
+        ...
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def next_event(self) -> Message | ConnectionEvent | None:
+        """The next message for the hub (or a connection event), or None until more bytes arrive.
+        Raises ProtocolError when the stream itself is broken."""
+        ...
+
+    def send(self, message: Message) -> bytes:
+        """The bytes that carry a hub message to the peer (maybe none). Raises CannotSend."""
+        ...
+
+    def last_word(self, message: Error | Close) -> bytes:
+        """What to write before closing, to tell the peer why."""
+        ...
+
+    def refuse(self, error: RemoteProtocolError) -> Refusal | None:
+        """The peer said something the broker refuses: a gentler end than an error frame, or None."""
+        ...
 
 
 _ALLOWED: Final[dict[State, tuple[type, ...]]] = {
@@ -148,8 +223,13 @@ class BrokerConnection:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
         return encode_message_frame(self.codec, message.to_wire())
 
-    def send_legacy(self, body: dict[str, Any]) -> bytes:
-        return encode_frame(pack_json(body))
+    def last_word(self, message: Error | Close) -> bytes:
+        if self.state is State.LEGACY:  # a godot_rl game knows no error frame
+            return b""
+        return self.send(message)
+
+    def refuse(self, error: RemoteProtocolError) -> Refusal | None:
+        return None  # an error frame says it all
 
 
 class PeerConnection:

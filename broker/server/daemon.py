@@ -7,8 +7,8 @@ import asyncio
 import os
 import signal
 
-from broker.legacy.edge import GodotRlTrainerConnector, parse_trainer_target
 from broker.server.config import ServerConfig
+from broker.server.dialer import GodotRlTrainerConnector, parse_trainer_target
 from broker.server.launcher import GameLauncher, LaunchSpec
 from broker.server.server import BrokerServer, new_event_loop
 

@@ -1,8 +1,11 @@
 """asyncio server: one listening port (plus an optional Unix socket) for games and trainers alike.
 
-Each accepted connection gets a ``PeerProtocol``: bytes go into a sans-IO ``BrokerConnection``,
-typed messages go to the ``Hub``, and the hub's sends come back through ``PeerProtocol.send``.
-Everything runs on the event loop's thread; the hub is never entered concurrently.
+Each accepted connection gets a ``PeerProtocol``: bytes go into a sans-IO connection (a
+``ServerConnection``: ``BrokerConnection`` for native peers, swapped for a ``GodotRlGameConnection`` when
+the first frame is godot_rl's JSON), typed messages go to the ``Hub``, and the hub's sends come back
+through ``PeerProtocol.send``, which writes the bytes the connection makes of them. One receive loop and
+one dispatch serve both kinds. Everything runs on the event loop's thread; the hub is never entered
+concurrently.
 """
 
 from __future__ import annotations
@@ -20,10 +23,19 @@ import structlog
 
 from broker.core.batching import UnencodableMessage
 from broker.core.hub import GameSession, Hub, TrainerSession
-from broker.legacy.edge import GodotRlGames
+from broker.legacy.game_connection import CallAnswered, GodotRlGameConnection
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import encode_body
-from broker.protocol.connection import BrokerConnection, LegacyMessage
+from broker.protocol.connection import (
+    BrokerConnection,
+    CannotSend,
+    ConnectionEvent,
+    Farewell,
+    LegacyMessage,
+    Refusal,
+    Refused,
+    ServerConnection,
+)
 from broker.protocol.errors import ErrorCode, ProtocolError, RemoteProtocolError
 from broker.protocol.messages import (
     Batch,
@@ -38,6 +50,7 @@ from broker.protocol.messages import (
     Welcome,
 )
 from broker.server.config import ServerConfig
+from broker.server.legacy_games import GodotRlCalls, is_loopback
 from broker.status import wire_safe
 from broker.tuning import trim_heap, tune_allocator
 
@@ -52,7 +65,7 @@ class PeerProtocol(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.hub = server.hub
-        self.connection = BrokerConnection(server.config.max_frame_bytes)
+        self.connection: ServerConnection = BrokerConnection(server.config.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.label = "?"
         self.game: GameSession | None = None
@@ -60,11 +73,10 @@ class PeerProtocol(asyncio.Protocol):
         self.closing = False
         self._hello_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
+        self._refusal_timer: asyncio.TimerHandle | None = None
         self.admitted = False  # past hello: counts against --limit-connections, not --limit-before-hello
         self.large_frames = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.legacy_close: Any = None  # set by the godot_rl adapter: how to say goodbye to such a game
-        self.legacy_send: Callable[[Message], None] | None = None  # set by the godot_rl adapter: hub -> JSON
 
     # --- asyncio callbacks -----------------------------------------------------------------------
 
@@ -96,11 +108,14 @@ class PeerProtocol(asyncio.Protocol):
         frames = 0
         try:
             while not self.closing:
-                event = self.connection.next_event()
+                event = self.connection.next_event()  # raises when the stream itself is broken
                 if event is None:
                     break
                 frames += 1
-                self._handle(event)
+                try:
+                    self._handle(event)
+                except RemoteProtocolError as exc:  # a well-formed message the broker refuses
+                    self._refuse(exc)
         except ProtocolError as exc:
             self._fail(exc.code, exc.message)
         except Exception as exc:  # a bug must cost one connection, not the broker
@@ -136,7 +151,7 @@ class PeerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
-        for timer in (self._hello_timer, self._frame_timer):
+        for timer in (self._hello_timer, self._frame_timer, self._refusal_timer):
             if timer is not None:
                 timer.cancel()
         self.server.connections.discard(self)
@@ -152,14 +167,14 @@ class PeerProtocol(asyncio.Protocol):
 
     # --- dispatch --------------------------------------------------------------------------------
 
-    def _handle(self, event: Message | LegacyMessage) -> None:
+    def _handle(self, event: Message | ConnectionEvent) -> None:
         if isinstance(event, LegacyMessage):
-            self._admit()
-            self.server.handle_legacy(self, event)
+            self._become_godot_rl_game(event)
         elif isinstance(event, Hello):
-            self._cancel_hello_timer()
-            self._check_token(event)
-            self._admit()
+            if not self.admitted:  # a native peer; a godot_rl game was let in at its first frame
+                self._cancel_hello_timer()
+                self._check_token(event)
+                self._admit()
             if event.role == "game":
                 self.game = self.hub.add_game(self, event)
             elif event.role == "trainer":
@@ -182,6 +197,40 @@ class PeerProtocol(asyncio.Protocol):
             self.closing = True
             assert self.transport is not None
             self.transport.close()
+        elif isinstance(event, CallAnswered):
+            self.server.godot_rl_calls.answered(self, event.result)
+            self._write(event.then_send)
+        elif isinstance(event, Refused):
+            self._refused(event.refusal)
+        elif isinstance(event, Farewell):
+            self._close_after(event.data)
+
+    def _become_godot_rl_game(self, first: LegacyMessage) -> None:
+        """The first frame was JSON: an unmodified godot_rl plugin game. Its connection takes over."""
+        self._admit()
+        assert isinstance(self.connection, BrokerConnection) and self.transport is not None
+        self.connection = GodotRlGameConnection(self.connection, first, self.label)
+        if self.server.config.token and not is_loopback(self.transport):
+            # The plugin cannot carry our token; it always connects from 127.0.0.1, so only loopback is allowed.
+            raise RemoteProtocolError(
+                ErrorCode.AUTH_FAILED, "godot_rl plugin games carry no token; they may only connect over loopback"
+            )
+
+    def _refuse(self, exc: RemoteProtocolError) -> None:
+        refusal = self.connection.refuse(exc)
+        if refusal is None:
+            self._fail(exc.code, exc.message)
+        else:
+            self._refused(refusal)
+
+    def _refused(self, refusal: Refusal) -> None:
+        """Told gently (a godot_rl game): it leaves the hub now, and the connection after its answer."""
+        if self.game is not None:
+            self.hub.remove_game(self.game)
+            self.game = None
+        self._write(refusal.now)
+        if self._loop is not None and not self.closing:
+            self._refusal_timer = self._loop.call_later(refusal.grace_s, self.close, Close("refused"))
 
     def _check_token(self, hello: Hello) -> None:
         expected = self.server.config.token
@@ -220,11 +269,11 @@ class PeerProtocol(asyncio.Protocol):
     def send(self, message: Message) -> None:
         if self.closing or self.transport is None:
             return
-        if self.legacy_send is not None:  # a godot_rl plugin game: its adapter speaks JSON for the hub
-            self.legacy_send(message)
-            return
         try:
             frame = self.connection.send(message)
+        except CannotSend:
+            self.close()
+            return
         except ProtocolError:
             raise
         except Exception as exc:  # data from some peer that this peer's codec cannot carry: nothing written
@@ -234,9 +283,7 @@ class PeerProtocol(asyncio.Protocol):
             log.error("message not encodable", peer=self.label, error=problem)
             self._fail(ErrorCode.INTERNAL, f"the broker could not encode a '{message.TYPE}' message for this peer")
             return
-        self.transport.write(frame)
-        if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
-            self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
+        self._write(frame)
 
     def _encodable(self, value: Any) -> bool:
         """Whether ``value`` encodes in this peer's codec."""
@@ -246,18 +293,33 @@ class PeerProtocol(asyncio.Protocol):
             return False
         return True
 
-    def send_raw(self, data: bytes) -> None:
-        if not self.closing and self.transport is not None:
+    def _write(self, data: bytes) -> None:
+        if data and not self.closing and self.transport is not None:
             self.transport.write(data)
             if self.transport.get_write_buffer_size() > self.server.config.max_pending_bytes:
                 self._fail(ErrorCode.SLOW_PEER, "peer is not reading; too many bytes pending")
 
+    def start_call(self, method: str) -> bool:
+        """Send a godot_rl ``call`` request, if this is a plugin game that can take one now."""
+        if self.closing or not isinstance(self.connection, GodotRlGameConnection):
+            return False
+        request = self.connection.call_request(method)
+        if request is None:
+            return False
+        self._write(request)
+        return True
+
     def close(self, error: Error | Close | None = None) -> None:
-        """Close after sending ``error`` (or an orderly ``Close``) to a native peer."""
+        """Close after telling the peer ``error`` (or an orderly ``Close``), in its own words."""
         if self.closing or self.transport is None:
             return
-        if error is not None and self.connection.state.value != "legacy":
-            self.transport.write(self._last_word(error))
+        self._close_after(self._last_word(error) if error is not None else b"")
+
+    def _close_after(self, data: bytes) -> None:
+        if self.closing or self.transport is None:
+            return
+        if data:
+            self.transport.write(data)
         self.closing = True
         self.server.before_hello.pop(self, None)  # at once: the next shed picks another connection
         self.transport.close()
@@ -273,7 +335,7 @@ class PeerProtocol(asyncio.Protocol):
         )
         for candidate in (message, safe):
             try:
-                return self.connection.send(candidate)
+                return self.connection.last_word(candidate)
             except ProtocolError:
                 return b""
             except Exception:
@@ -293,7 +355,7 @@ class BrokerServer:
         self._servers: list[asyncio.base_events.Server] = []
         self._status_task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
-        self.legacy_handler: Any = GodotRlGames(self)  # serves unmodified godot_rl plugin games
+        self.godot_rl_calls = GodotRlCalls(self)  # a dialed godot_rl trainer's call, relayed to plugin games
 
     @staticmethod
     def _schedule(delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
@@ -381,14 +443,6 @@ class BrokerServer:
             **self.hub.snapshot(),
         }
 
-    def handle_legacy(self, peer: PeerProtocol, event: LegacyMessage) -> None:
-        if self.legacy_handler is not None:
-            self.legacy_handler(peer, event)
-            return
-        raise RemoteProtocolError(
-            ErrorCode.NOT_SUPPORTED, "a godot_rl plugin game connected; this broker build does not serve them"
-        )
-
     async def shutdown(self, reason: str = "broker shutting down") -> None:
         """Stop listening, tell every peer why, and give them ``timeout_shutdown`` to leave."""
         for server in self._servers:
@@ -396,8 +450,8 @@ class BrokerServer:
         if self._status_task is not None:
             self._status_task.cancel()
         for peer in list(self.connections):
-            if peer.legacy_close is not None:  # before .game: a plugin game is told in its own words
-                peer.legacy_close()
+            if isinstance(peer.connection, GodotRlGameConnection):  # joined or refused: its close quits it
+                peer.close(Close(reason))
             elif peer.trainer is not None:
                 peer.close(Error(ErrorCode.SHUTTING_DOWN.value, reason))
             elif peer.game is not None:

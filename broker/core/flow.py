@@ -1,33 +1,8 @@
-"""The hub routes game observations into per-policy batches and trainer actions back to games.
+"""The hub: routes game observations into per-policy batches and trainer actions back to games.
 
-Theory of operation
--------------------
-* ``expected_games`` game slots. A game that joins takes the lowest free slot; a slot keeps the group
-  layout (policies and agent counts) of the first game that used it, so a replacement game must match.
-* A policy's VecEnv has one env per agent of that policy over all slots, in slot order. The layout is
-  fixed once every slot has been filled once; trainers then receive ``PolicyInfo``.
-* A game sends one ``step`` and waits for ``actions``. Each group's tick is merged into that policy's
-  accumulator for the game's slot (``SlotAccumulator``). A batch goes to the policy's trainer when it
-  has asked for one and every slot has at least one tick since the previous batch; rows are concatenated
-  (one copy per key).
-* The game's reply is sent as soon as every group either has fresh actions from its trainer or may be
-  held. Hold mode (default): a group is held when its policy has no trainer, or when its trainer has not
-  answered within the policy's deadline; held agents keep their last action (or get zeros, "noop").
-  Barrier mode: the game waits for the actions (up to a deadline if one is set, then holds).
-  Held ticks keep accumulating: the trainer's next transition carries the summed reward and ``frames``.
-  (Deadlines, pacing and stalls: broker/core/holding.py.)
-* An action computed from an observation whose episode has ended meanwhile is not applied to the next
-  episode: those agents keep their previous action and the row's info says ``action_applied: false``.
-* A lost game: its undelivered rows are dropped; when a game takes the slot again, its first step
-  reports every agent of the slot as truncated, with the last observation the trainer saw as the
-  final observation, so SB3's episode bookkeeping stays right.
-* A lost trainer: the batch it did not answer is sent again to the next trainer of that policy.
-Memory is bounded by one accumulator per slot and policy (infos replaced, never merged, across held
-ticks), and one open batch per policy. A batch its trainer's codec cannot carry comes back through
-``batch_undeliverable`` and goes again without the offending infos.
-
-Sans-IO: every entry point returns effects (broker/core/effects.py) for the caller to carry out in
-order; the hub never calls into a connection. Peers are the caller's keys; the hub reads their label.
+How it works: the "Theory of operation" in broker/core/__init__.py. Sans-IO: every entry point returns
+effects (broker/core/effects.py) for the caller to carry out in order; the hub never calls into a
+connection. Peers are the caller's keys; the hub reads only their label.
 """
 
 from __future__ import annotations
@@ -39,14 +14,13 @@ from typing import Any
 import numpy as np
 import structlog
 
-from broker.core import seating, status
-from broker.core.accumulate import SlotAccumulator
+from broker.core import joining, seating, status
+from broker.core.accumulate import SlotAccumulator, keep_ended_rows, replaced_game_step
 from broker.core.batching import concatenate_rows, drop_unencodable_infos
 from broker.core.effects import Close, Deadline, Effect, IdleTick, Peer, Send, StallCheck, Timer
 from broker.core.holding import STALL_REPORT_S, Holding, Stall
 from broker.core.sessions import GameSession, OpenBatch, PolicyState, Slot, TrainerSession
 from broker.core.states import GameState, advance
-from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.checks import check_actions, check_step
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import (
@@ -60,7 +34,6 @@ from broker.protocol.messages import (
     StepOptions,
     TrainerAct,
     TrainerReset,
-    Welcome,
 )
 
 log = structlog.get_logger("gdrl.hub")
@@ -89,17 +62,19 @@ class Hub:
         self.sessions: dict[Peer, Session] = {}
         self.layout_complete = False
         self._next_peer_id = 1
-        self._out: list[Effect] = []
+        self.out: list[Effect] = []
 
     # --- the ways in -----------------------------------------------------------------------------
 
     def handle(self, peer: Peer, message: Message) -> list[Effect]:
         """A peer's Hello, GameStep, TrainerAct or TrainerReset. A RemoteProtocolError raised here names
         what the peer did wrong (the caller closes that peer); nothing has changed then."""
-        self._out = []
+        self.out = []
         session = self.sessions.get(peer)
-        if isinstance(message, Hello) and session is None and message.role in ("game", "trainer"):
-            self._add_game(peer, message) if message.role == "game" else self._add_trainer(peer, message)
+        if isinstance(message, Hello) and session is None and message.role == "game":
+            joining.add_game(self, peer, message)
+        elif isinstance(message, Hello) and session is None and message.role == "trainer":
+            joining.add_trainer(self, peer, message)
         elif isinstance(message, GameStep) and isinstance(session, GameSession):
             self._game_step(session, message)
         elif isinstance(message, TrainerAct) and isinstance(session, TrainerSession):
@@ -112,16 +87,16 @@ class Hub:
 
     def peer_lost(self, peer: Peer) -> list[Effect]:
         """The connection is gone (or the caller closed it): its game or trainer leaves."""
-        self._out = []
+        self.out = []
         session = self.sessions.pop(peer, None)
         if isinstance(session, GameSession):
-            self._remove_game(session)
+            joining.remove_game(self, session)
         elif isinstance(session, TrainerSession):
-            self._remove_trainer(session)
+            joining.remove_trainer(self, session)
         return self._take()
 
     def timer_fired(self, timer: Timer) -> list[Effect]:
-        self._out = []
+        self.out = []
         if isinstance(timer, StallCheck):
             self._report_stalls()
             return self._take()
@@ -132,28 +107,27 @@ class Hub:
             self._deadline_passed(game, timer)
         elif isinstance(timer, IdleTick) and game.state is GameState.PACED:
             game.state = advance(game.state, "idle_tick")
-            self._try_reply(game)
+            self.try_reply(game)
         return self._take()
 
-    def batch_undeliverable(self, peer: Peer, step: int, encodable: Callable[[Any], bool]) -> list[Effect]:
+    def batch_undeliverable(
+        self, peer: Peer, step: int, encodable: Callable[[Any], bool], error: str = ""
+    ) -> list[Effect]:
         """The caller could not encode batch ``step`` for ``peer``'s codec and wrote nothing: the batch goes
         again with every info ``encodable`` refuses replaced (logged with the games they came from); if it
         was that batch already, the trainer is closed (the broker's own bug)."""
-        self._out = []
+        self.out = []
         trainer = self.sessions.get(peer)
         policy = self.policies.get(trainer.policy) if isinstance(trainer, TrainerSession) else None
         if policy is None or policy.open is None or policy.open.batch.step != step:
             return []
         if policy.open.infos_dropped:
-            log.error("batch not encodable", policy=policy.name, trainer=peer.label, step=step)
+            log.error("batch not encodable", policy=policy.name, trainer=peer.label, error=error)
             return [Close(peer, Error(ErrorCode.INTERNAL.value, "the broker could not encode the batch"))]
         data, rows = drop_unencodable_infos(policy.open.batch.data, encodable)
+        games = sorted({seating.game_of_row(self.slots, policy, row) for row in rows})
         log.error(
-            "batch not encodable, infos dropped",
-            policy=policy.name,
-            trainer=peer.label,
-            rows=rows[:16],
-            games=sorted({seating.game_of_row(self.slots, policy, row) for row in rows}),
+            "batch not encodable, infos dropped", policy=policy.name, trainer=peer.label, rows=rows[:16], games=games
         )
         policy.open.batch = Batch(step, data)
         policy.open.infos_dropped = True
@@ -174,112 +148,16 @@ class Hub:
     def snapshot(self) -> dict[str, Any]:
         return status.snapshot(self)
 
-    # --- joining and leaving ---------------------------------------------------------------------
+    # --- for the parts (joining, status) ----------------------------------------------------------
 
     def _take(self) -> list[Effect]:
-        out, self._out = self._out, []
+        out, self.out = self.out, []
         return out
 
-    def _peer_id(self) -> int:
+    def new_peer_id(self) -> int:
         peer_id = self._next_peer_id
         self._next_peer_id += 1
         return peer_id
-
-    def _add_game(self, peer: Peer, hello: Hello) -> None:
-        name = hello.name or peer.label
-        seating.check_spaces(hello, name, self.policies)
-        layout = {g.policy: g.n_agents for g in hello.groups}
-        slot = seating.choose_slot(self.slots, layout, name)
-        game = GameSession(peer, self._peer_id(), hello.name, slot.index, {g.policy: g for g in hello.groups})
-        for group in hello.groups:
-            if group.policy not in self.policies:
-                trainer = self.trainers.get(group.policy)
-                options = trainer.options if trainer and trainer.options else self.default_stepping
-                self.policies[group.policy] = PolicyState(group.policy, group.spaces, options)
-        slot.layout = layout
-        slot.game = game
-        self.sessions[peer] = game
-        self._out.append(Send(peer, Welcome(PROTOCOL_VERSION, game.peer_id, slot.index)))
-        log.info("game joined", peer=peer.label, game=slot.index, name=hello.name, groups=layout)
-        if not self.layout_complete and all(s.layout is not None for s in self.slots):
-            self._complete_layout()
-        self._out += status.waiting_notices(self)
-
-    def _complete_layout(self) -> None:
-        self.layout_complete = True
-        seating.lay_out(self.slots, self.policies)
-        for trainer in list(self.waiting_trainers):
-            self.waiting_trainers.remove(trainer)
-            if trainer.policy in self.policies:
-                self._attach(trainer)
-            else:
-                self.trainers.pop(trainer.policy, None)
-                self.sessions.pop(trainer.peer, None)
-                self._out.append(Close(trainer.peer, self._unknown_policy(trainer.policy)))
-
-    def _unknown_policy(self, name: str) -> Error:
-        known = ", ".join(sorted(self.policies)) or "none"
-        return Error(ErrorCode.UNKNOWN_POLICY.value, f"no game announces policy '{name}'; known policies: {known}")
-
-    def _add_trainer(self, peer: Peer, hello: Hello) -> None:
-        policy = hello.policy
-        holder = self.trainers.get(policy)
-        if holder is not None:
-            raise RemoteProtocolError(
-                ErrorCode.POLICY_TAKEN,
-                f"policy '{policy}' already has a trainer ({holder.peer.label}); one trainer per policy",
-            )
-        if self.layout_complete and policy not in self.policies:
-            raise RemoteProtocolError(ErrorCode.UNKNOWN_POLICY, self._unknown_policy(policy).message)
-        trainer = TrainerSession(peer, self._peer_id(), hello.name, policy, hello.stepping)
-        self.trainers[policy] = trainer
-        self.sessions[peer] = trainer
-        if policy in self.policies and hello.stepping is not None:
-            self.policies[policy].options = hello.stepping
-        self._out.append(Send(peer, Welcome(PROTOCOL_VERSION, trainer.peer_id)))
-        options = hello.stepping or self.default_stepping
-        log.info("trainer joined", peer=peer.label, policy=policy, name=hello.name, stepping=options.mode)
-        if self.layout_complete:
-            self._attach(trainer)
-        else:
-            self.waiting_trainers.append(trainer)
-            self._out += status.waiting_notice(self, trainer)
-
-    def _attach(self, trainer: TrainerSession) -> None:
-        policy = self.policies[trainer.policy]
-        policy.trainer = trainer
-        self._out.append(Send(trainer.peer, seating.policy_info(self.slots, policy)))
-        if trainer.wants_batch:
-            self._try_emit(policy)
-
-    def _remove_game(self, game: GameSession) -> None:
-        slot = self.slots[game.slot]
-        if slot.game is not game:
-            return
-        slot.game = None
-        game.state = advance(game.state, "leave")
-        for name in game.groups:
-            policy = self.policies[name]
-            policy.round.pop(slot.index, None)
-            policy.unapplied.discard(slot.index)  # a replacement starts from its own first tick
-            policy.applied_at.pop(slot.index, None)
-        log.info("game left", game=slot.index, name=game.name, steps=game.steps)
-        self._out += status.waiting_notices(self)
-
-    def _remove_trainer(self, trainer: TrainerSession) -> None:
-        if self.trainers.get(trainer.policy) is not trainer:
-            return
-        del self.trainers[trainer.policy]
-        trainer.state = advance(trainer.state, "leave")
-        if trainer in self.waiting_trainers:
-            self.waiting_trainers.remove(trainer)
-        policy = self.policies.get(trainer.policy)
-        if policy is not None and policy.trainer is trainer:
-            policy.trainer = None
-            for slot in self.slots:  # hold-mode games stop waiting for a trainer that is gone
-                if slot.game is not None and policy.name in slot.game.groups:
-                    self._try_reply(slot.game)
-        log.info("trainer left", policy=trainer.policy, name=trainer.name)
 
     # --- stepping --------------------------------------------------------------------------------
 
@@ -303,12 +181,12 @@ class Hub:
         game.next_tick += 1
         game.steps += 1
         for name in step.groups:
-            self._try_emit(self.policies[name])
-        self._try_reply(game)
+            self.try_emit(self.policies[name])
+        self.try_reply(game)
 
     def _accumulate(self, policy: PolicyState, slot: Slot, tick: int, data: StepData, now: float) -> None:
         if tick == 0 and policy.name in slot.seen_by_trainer and policy.last_obs is not None:
-            data = self._truncate_replaced(policy, slot.index, data)
+            data = replaced_game_step(policy.last_obs, policy.offsets[slot.index], data)
         accumulator = policy.round.get(slot.index)
         if accumulator is None:
             accumulator = policy.round[slot.index] = SlotAccumulator(data)
@@ -317,22 +195,6 @@ class Hub:
         accumulator.last_tick = tick
         policy.metrics.group_ticks += 1
         policy.metrics.ticks_rate.add(now, policy.metrics.group_ticks)
-
-    def _truncate_replaced(self, policy: PolicyState, slot: int, data: StepData) -> StepData:
-        """A game's first step in a slot the trainer already saw: the old episodes end truncated."""
-        assert policy.last_obs is not None
-        start = policy.offsets[slot]
-        n = data.n_rows
-        final_obs = {k: v[start : start + n] for k, v in policy.last_obs.items()}
-        return StepData(
-            data.obs,
-            np.zeros(n, np.float32),
-            np.zeros(n, np.bool_),
-            np.ones(n, np.bool_),
-            np.arange(n, dtype=np.int32),
-            final_obs,
-            {row: {**data.infos.get(row, {}), "game_replaced": True} for row in range(n)},
-        )
 
     # --- replies to games ------------------------------------------------------------------------
 
@@ -346,12 +208,12 @@ class Hub:
         policy = self.policies[timer.policy]
         again = self.holding.deadline_again(timer, game, policy)
         if again is not None:
-            self._out.append(again)
+            self.out.append(again)
             return
         game.waits[policy.name] = advance(game.wait_of(policy.name), "release")
-        self._try_reply(game)
+        self.try_reply(game)
 
-    def _try_reply(self, game: GameSession) -> None:
+    def try_reply(self, game: GameSession) -> None:
         if not game.awaiting:
             return
         held, waiting = [], []
@@ -364,13 +226,13 @@ class Hub:
                 waiting.append(self.policies[name])
         if waiting:
             for policy in waiting:
-                self._out += self.holding.arm_deadline(game, policy)
+                self.out += self.holding.arm_deadline(game, policy)
                 if policy.deadline_s is None:
-                    self._out += self.holding.watch_stalls()
+                    self.out += self.holding.watch_stalls()
             return
         paced = self.holding.pace(game, held, self.policies)
         if paced is not None:
-            self._out += paced
+            self.out += paced
             return
         self._reply(game, held)
 
@@ -388,15 +250,15 @@ class Hub:
             self.policies[name].metrics.held_ticks += 1
         game.state = advance(game.state, "reply")
         game.last_reply_at = self.clock()
-        self._out.append(Send(game.peer, GameActions(game.tick, groups)))
+        self.out.append(Send(game.peer, GameActions(game.tick, groups)))
         for name in groups:
-            self._try_emit(self.policies[name])
+            self.try_emit(self.policies[name])
 
     def _report_stalls(self) -> None:
         self.holding.stall_check_fired()
-        self._out += status.stall_report(self, self.stalls())
+        self.out += status.stall_report(self, self.stalls())
         if self.stalls(min_wait_s=0.0):
-            self._out += self.holding.watch_stalls()
+            self.out += self.holding.watch_stalls()
 
     # --- trainers --------------------------------------------------------------------------------
 
@@ -410,12 +272,12 @@ class Hub:
                 return False
         return True
 
-    def _try_emit(self, policy: PolicyState) -> None:
+    def try_emit(self, policy: PolicyState) -> None:
         trainer = policy.trainer
         if trainer is None or not trainer.wants_batch or policy.open is not None:
             return
         if not self._round_complete(policy):
-            self._out += status.waiting_notice(self, trainer)
+            self.out += status.waiting_notice(self, trainer)
             return
         slots = sorted(policy.offsets)
         with_frames = policy.options.mode == "hold"
@@ -431,18 +293,18 @@ class Hub:
         policy.round = {}
         policy.metrics.record_batch(data, now - trainer.wants_since, now)
         trainer.state = advance(trainer.state, "batch_sent")
-        self._out.append(Send(trainer.peer, batch))
+        self.out.append(Send(trainer.peer, batch))
 
     def _trainer_reset(self, trainer: TrainerSession) -> None:
         policy = self.policies.get(trainer.policy)
         if policy is not None and policy.open is not None and policy.trainer is trainer:
             # A new or restarted trainer picks up the open batch (its codec may carry less than the last one's).
             policy.open.infos_dropped = False
-            self._out.append(Send(trainer.peer, policy.open.batch))
+            self.out.append(Send(trainer.peer, policy.open.batch))
             return
         self._ask(trainer)
         if policy is not None:
-            self._try_emit(policy)
+            self.try_emit(policy)
 
     def _ask(self, trainer: TrainerSession) -> None:
         trainer.state = advance(trainer.state, "ask")
@@ -470,20 +332,8 @@ class Hub:
             start = policy.offsets[slot_index]
             n = game.groups[policy.name].n_agents
             part = {k: v[start : start + n] for k, v in actions.items()}
-            game.ready[policy.name] = self._keep_ended_rows(game, policy, slot_index, part)
+            previous = game.last_actions.get(policy.name) or game.groups[policy.name].zero_actions()
+            game.ready[policy.name] = keep_ended_rows(policy.round.get(slot_index), previous, part)
             policy.unapplied.add(slot_index)
-            self._try_reply(game)
-        self._try_emit(policy)
-
-    def _keep_ended_rows(
-        self, game: GameSession, policy: PolicyState, slot: int, part: dict[str, np.ndarray]
-    ) -> dict[str, np.ndarray]:
-        """Rows whose episode ended after the observation these actions answer keep their last action."""
-        accumulator = policy.round.get(slot)
-        if accumulator is None or not accumulator.closed.any():
-            return part
-        stale = accumulator.closed
-        previous = game.last_actions.get(policy.name) or game.groups[policy.name].zero_actions()
-        for row in np.flatnonzero(stale).tolist():
-            accumulator.infos.setdefault(row, {})["action_applied"] = False
-        return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}
+            self.try_reply(game)
+        self.try_emit(policy)

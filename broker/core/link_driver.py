@@ -96,7 +96,7 @@ class LinkHub(Hub):
         except UnencodableMessage as exc:
             if not isinstance(effect.message, Batch):
                 raise
-            self.apply(self.batch_undeliverable(effect.peer, effect.message.step, exc.encodable))
+            self.apply(self.batch_undeliverable(effect.peer, effect.message.step, exc.encodable, exc.message))
 
     def _start(self, effect: StartTimer) -> None:
         assert self.scheduler is not None  # the hub asks for timers only when it was given a scheduler

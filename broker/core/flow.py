@@ -302,13 +302,13 @@ class Hub:
             policy.open.infos_dropped = False
             self.out.append(Send(trainer.peer, policy.open.batch))
             return
-        self._ask(trainer)
+        self._ask(trainer, self.clock())
         if policy is not None:
             self.try_emit(policy)
 
-    def _ask(self, trainer: TrainerSession) -> None:
+    def _ask(self, trainer: TrainerSession, now: float) -> None:
         trainer.state = advance(trainer.state, "ask")
-        trainer.wants_since = self.clock()
+        trainer.wants_since = now
 
     def _trainer_act(self, trainer: TrainerSession, act: TrainerAct) -> None:
         policy = self.policies.get(trainer.policy)
@@ -325,7 +325,7 @@ class Hub:
         policy.metrics.trainer_busy_s += now - policy.open.since
         policy.record_response(now - policy.open.since)
         policy.open = None
-        self._ask(trainer)
+        self._ask(trainer, now)
         for slot_index, game in games.items():
             if self.slots[slot_index].game is not game:
                 continue  # that game left; its actions have nobody to go to

@@ -47,13 +47,13 @@ class LinkHub(Hub):
     def add_game(self, link: Link, hello: Hello) -> GameSession:
         """Seat a game, or raise RemoteProtocolError naming what is wrong (nothing else changes)."""
         self.apply(self.handle(link, hello))
-        game = self.sessions[link]
+        game = self.session(link)
         assert isinstance(game, GameSession)
         return game
 
     def add_trainer(self, link: Link, hello: Hello) -> TrainerSession:
         self.apply(self.handle(link, hello))
-        trainer = self.sessions[link]
+        trainer = self.session(link)
         assert isinstance(trainer, TrainerSession)
         return trainer
 
@@ -67,11 +67,11 @@ class LinkHub(Hub):
         self.apply(self.handle(trainer.peer, TrainerReset()))
 
     def remove_game(self, game: GameSession) -> None:
-        if self.sessions.get(game.peer) is game:
+        if self.session(game.peer) is game:
             self.apply(self.peer_lost(game.peer))
 
     def remove_trainer(self, trainer: TrainerSession) -> None:
-        if self.sessions.get(trainer.peer) is trainer:
+        if self.session(trainer.peer) is trainer:
             self.apply(self.peer_lost(trainer.peer))
 
     def deadline_passed(self, game: GameSession, tick: int, name: str, started: float | None = None) -> None:

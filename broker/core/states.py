@@ -17,6 +17,8 @@ class GameState(Enum):
     PACED = "paced"  # waiting, and its reply is held back until an IdleTick (no trainer anywhere)
     LEFT = "left"
 
+    __hash__ = object.__hash__  # members are singletons; keeps the table's lookups in C
+
 
 class GroupWait(Enum):
     """Where one group of a waiting game tick stands with its policy's deadline (reset every tick)."""
@@ -25,11 +27,15 @@ class GroupWait(Enum):
     TIMED = "timed"  # the policy's deadline timer runs for this tick
     RELEASED = "released"  # the deadline passed: the group may be held
 
+    __hash__ = object.__hash__  # members are singletons; keeps the table's lookups in C
+
 
 class TrainerState(Enum):
     IDLE = "idle"  # not asking for a batch: just joined, or working on the batch it has
     ASKING = "asking"  # asked for a batch (reset, or answered the last one) and has none yet
     LEFT = "left"
+
+    __hash__ = object.__hash__  # members are singletons; keeps the table's lookups in C
 
 
 State = TypeVar("State", GameState, GroupWait, TrainerState)
@@ -44,6 +50,7 @@ TRANSITIONS: dict[tuple[Enum, str], Enum] = {
     (GroupWait.OPEN, "arm"): GroupWait.TIMED,
     (GroupWait.OPEN, "release"): GroupWait.RELEASED,
     (GroupWait.TIMED, "release"): GroupWait.RELEASED,
+    (GroupWait.RELEASED, "release"): GroupWait.RELEASED,  # a timer handed back twice changes nothing
     (TrainerState.IDLE, "ask"): TrainerState.ASKING,
     (TrainerState.ASKING, "ask"): TrainerState.ASKING,
     (TrainerState.ASKING, "batch_sent"): TrainerState.IDLE,
@@ -55,5 +62,6 @@ TRANSITIONS: dict[tuple[Enum, str], Enum] = {
 def advance(state: State, event: str) -> State:
     """The state after ``event``; an event the table does not allow in ``state`` is a hub bug."""
     following = TRANSITIONS.get((state, event))
-    assert following is not None, f"no transition from {state} on {event!r}"
+    if following is None:
+        raise AssertionError(f"no transition from {state} on {event!r}")
     return following  # type: ignore[return-value]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from broker.protocol.messages import StepData
+from broker.protocol.spaces import GroupSpec
 
 
 class SlotAccumulator:
@@ -109,13 +110,17 @@ def replaced_game_step(last_obs: dict[str, np.ndarray], start: int, data: StepDa
 
 
 def keep_ended_rows(
-    accumulator: SlotAccumulator | None, previous: dict[str, np.ndarray], part: dict[str, np.ndarray]
+    accumulator: SlotAccumulator | None,
+    last: dict[str, np.ndarray] | None,
+    group: GroupSpec,
+    part: dict[str, np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """Rows whose episode ended after the observation these actions answer keep their ``previous`` action,
-    and their info says so."""
+    """Rows whose episode ended after the observation these actions answer keep their ``last`` action
+    (zeros before the first), and their info says so."""
     if accumulator is None or not accumulator.closed.any():
         return part
     stale = accumulator.closed
+    previous = last or group.zero_actions()
     for row in np.flatnonzero(stale).tolist():
         accumulator.infos.setdefault(row, {})["action_applied"] = False
     return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}

@@ -332,8 +332,10 @@ class Hub:
             start = policy.offsets[slot_index]
             n = game.groups[policy.name].n_agents
             part = {k: v[start : start + n] for k, v in actions.items()}
-            previous = game.last_actions.get(policy.name) or game.groups[policy.name].zero_actions()
-            game.ready[policy.name] = keep_ended_rows(policy.round.get(slot_index), previous, part)
+            last = game.last_actions.get(policy.name)
+            game.ready[policy.name] = keep_ended_rows(
+                policy.round.get(slot_index), last, game.groups[policy.name], part
+            )
             policy.unapplied.add(slot_index)
             self.try_reply(game)
         self.try_emit(policy)

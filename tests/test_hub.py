@@ -7,10 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
 from broker.core.batching import DROPPED_INFO
-from broker.core.effects import Close, Deadline, Send, StartTimer
+from broker.core.effects import Close, Deadline, IdleTick, Send, StallCheck, StartTimer
 from broker.core.flow import Hub as CoreHub
+from broker.core.holding import IDLE_TICK_S, STALL_REPORT_S
 from broker.core.hub import Hub
 from broker.core.states import TRANSITIONS, GameState, GroupWait, TrainerState, advance
 from broker.protocol import PROTOCOL_VERSION
@@ -25,6 +27,7 @@ from broker.protocol.messages import (
     Message,
     PolicyInfo,
     StepData,
+    StepOptions,
     TrainerAct,
     TrainerReset,
     Waiting,
@@ -359,3 +362,33 @@ def test_every_state_change_is_in_the_one_table() -> None:
         advance(GameState.STEPPING, "reply")  # a reply with no step waiting would be a hub bug
     states = {state for state, _ in TRANSITIONS} | set(TRANSITIONS.values())
     assert states == set(GameState) | set(GroupWait) | set(TrainerState)
+
+
+def test_pacing_and_stall_checks_are_timer_values_too() -> None:
+    now = [0.0]
+    hub = CoreHub(expected_games=1, stepping=StepOptions("hold"), clock=lambda: now[0])
+    g = Peer("g")
+    hub.handle(g, game_hello(n_red=0, n_blue=1))
+    game_id = hub.slots[0].game.peer_id  # type: ignore[union-attr]
+    assert hub.handle(g, game_step(0, 0, n_red=0, n_blue=1)) == [Send(g, GameActions(0, {}))]
+    idle = IdleTick(game_id, 1)
+    assert hub.handle(g, game_step(1, 0, n_red=0, n_blue=1)) == [StartTimer(IDLE_TICK_S, idle)]
+    now[0] = IDLE_TICK_S / 2
+    assert hub.timer_fired(idle) == [StartTimer(IDLE_TICK_S / 2, idle)]  # early: the rest of the interval
+    now[0] = IDLE_TICK_S
+    assert hub.timer_fired(idle) == [Send(g, GameActions(1, {}))]
+    barrier = CoreHub(expected_games=1, stepping=StepOptions("barrier"), clock=lambda: now[0])
+    t = Peer("t")
+    barrier.handle(g, game_hello(n_red=0, n_blue=1))
+    barrier.handle(t, trainer_hello("blue"))
+    barrier.handle(t, TrainerReset())
+    assert barrier.handle(g, game_step(0, 0, n_red=0, n_blue=1))[1:] == [StartTimer(STALL_REPORT_S, StallCheck())]
+    now[0] += STALL_REPORT_S
+    with structlog.testing.capture_logs() as logs:
+        assert barrier.timer_fired(StallCheck()) == [StartTimer(STALL_REPORT_S, StallCheck())]  # still waiting
+    assert logs[0]["event"] == "policy blue: trainer 't-blue' has not answered batch 1 for 5 s; games 0 wait (barrier)"
+    untimed = CoreHub(expected_games=1, stepping=StepOptions("barrier"), timers=False)
+    untimed.handle(g, game_hello(n_red=0, n_blue=1))
+    untimed.handle(t, trainer_hello("blue"))
+    untimed.handle(t, TrainerReset())
+    assert not any(isinstance(e, StartTimer) for e in untimed.handle(g, game_step(0, 0, n_red=0, n_blue=1)))

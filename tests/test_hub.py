@@ -2,24 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pytest
+import structlog
 
+from broker.core.batching import DROPPED_INFO
+from broker.core.effects import Close, Deadline, IdleTick, Send, StallCheck, StartTimer
+from broker.core.flow import Hub as CoreHub
+from broker.core.holding import IDLE_TICK_S, STALL_REPORT_S
 from broker.core.hub import Hub
+from broker.core.states import TRANSITIONS, GameState, GroupWait, TrainerState, advance
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import (
     Batch,
     Error,
     GameActions,
+    GameLayout,
     GameStep,
     Hello,
     Message,
     PolicyInfo,
     StepData,
+    StepOptions,
     TrainerAct,
+    TrainerReset,
     Waiting,
     Welcome,
 )
@@ -265,3 +275,120 @@ def test_final_observations_and_infos_are_remapped_to_env_rows() -> None:
     np.testing.assert_array_equal(batch.final_obs["obs"][:, 0], [-1, -2])
     assert batch.infos == {1: {"who": 0}, 3: {"who": 1}}
     np.testing.assert_array_equal(batch.terminated, [False, True, False, True])
+
+
+# --- the sans-IO hub itself: what each way in returns ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Peer:
+    label: str
+
+
+def test_joining_returns_welcomes_notices_and_policy_info() -> None:
+    hub = CoreHub(expected_games=1, clock=lambda: 0.0)
+    t, g = Peer("t"), Peer("g")
+    assert hub.handle(t, trainer_hello("red")) == [
+        Send(t, Welcome(PROTOCOL_VERSION, 1)),
+        Send(t, Waiting("red", 0, 1, "waiting for games: 0/1")),
+    ]
+    assert hub.handle(g, game_hello(n_blue=0)) == [
+        Send(g, Welcome(PROTOCOL_VERSION, 2, 0)),
+        Send(t, PolicyInfo("red", 2, RED, (GameLayout(0, 0, 2),))),
+    ]
+    with pytest.raises(RemoteProtocolError) as err:
+        hub.handle(t, game_step(0, 0, n_blue=0))  # a trainer's connection sending a game's step
+    assert err.value.code is ErrorCode.UNEXPECTED_MESSAGE
+
+
+def test_a_deadline_is_a_timer_value_and_a_stale_one_does_nothing() -> None:
+    now = [0.0]
+    hub = CoreHub(expected_games=1, clock=lambda: now[0])
+    t, g = Peer("t"), Peer("g")
+    hub.handle(g, game_hello(n_red=0, n_blue=2))
+    hub.handle(t, trainer_hello("blue"))
+    hub.handle(t, TrainerReset())
+    effects = hub.handle(g, game_step(0, 0, n_red=0, n_blue=2))
+    batch = effects[0]
+    assert isinstance(batch, Send) and isinstance(batch.message, Batch) and batch.peer == t
+    game_id = hub.slots[0].game.peer_id  # type: ignore[union-attr]
+    deadline = Deadline(game_id, 0, "blue", 0.0)
+    assert effects[1:] == [StartTimer(0.02, deadline)]
+    now[0] = 0.02
+    assert hub.timer_fired(deadline) == [Send(g, GameActions(0, {}))]  # held: no actions yet, repeat
+    assert hub.timer_fired(deadline) == []  # that tick is answered
+    late = hub.handle(t, blue_act(batch.message.step, 2))
+    assert late == []  # the actions wait for the game's next step
+    [reply] = hub.handle(g, game_step(1, 0, n_red=0, n_blue=2))
+    assert isinstance(reply, Send) and reply.peer == g and isinstance(reply.message, GameActions)
+    assert reply.message.tick == 1 and reply.message.groups["blue"]["pick"].tolist() == [0, 1]
+
+
+def test_a_lost_trainer_releases_its_hold_mode_games_and_a_lost_game_its_slot() -> None:
+    hub = CoreHub(expected_games=1, clock=lambda: 0.0, timers=False)
+    t, g = Peer("t"), Peer("g")
+    hub.handle(g, game_hello(n_red=0, n_blue=1))
+    hub.handle(t, trainer_hello("blue"))
+    hub.handle(t, TrainerReset())
+    hub.handle(g, game_step(0, 0, n_red=0, n_blue=1))
+    assert hub.peer_lost(t) == [Send(g, GameActions(0, {}))]
+    assert hub.peer_lost(t) == []
+    assert hub.peer_lost(g) == [] and hub.slots[0].game is None and hub.games_connected() == 0
+
+
+def test_an_undeliverable_batch_goes_again_without_its_infos_then_the_trainer_is_closed() -> None:
+    hub = CoreHub(expected_games=1, clock=lambda: 0.0)
+    t, g = Peer("t"), Peer("g")
+    hub.handle(g, game_hello(n_red=0, n_blue=2))
+    hub.handle(t, trainer_hello("blue"))
+    hub.handle(t, TrainerReset())
+    step = game_step(0, 0, n_red=0, n_blue=2)
+    step.groups["blue"].infos = {1: {"big": 10**30}}
+    sent = hub.handle(g, step)[0]
+    assert isinstance(sent, Send) and isinstance(sent.message, Batch)
+    assert hub.batch_undeliverable(t, sent.message.step + 1, lambda value: False) == []  # not the open batch
+    again = hub.batch_undeliverable(t, sent.message.step, lambda value: "big" not in value)
+    assert len(again) == 1 and isinstance(again[0], Send) and isinstance(again[0].message, Batch)
+    assert again[0].message.step == sent.message.step and again[0].message.data.infos == {1: DROPPED_INFO}
+    assert hub.batch_undeliverable(t, sent.message.step, lambda value: False) == [
+        Close(t, Error("internal", "the broker could not encode the batch"))
+    ]
+
+
+def test_every_state_change_is_in_the_one_table() -> None:
+    assert advance(GameState.STEPPING, "step") is GameState.WAITING
+    assert advance(TrainerState.ASKING, "batch_sent") is TrainerState.IDLE
+    with pytest.raises(AssertionError, match="no transition"):
+        advance(GameState.STEPPING, "reply")  # a reply with no step waiting would be a hub bug
+    states = {state for state, _ in TRANSITIONS} | set(TRANSITIONS.values())
+    assert states == set(GameState) | set(GroupWait) | set(TrainerState)
+
+
+def test_pacing_and_stall_checks_are_timer_values_too() -> None:
+    now = [0.0]
+    hub = CoreHub(expected_games=1, stepping=StepOptions("hold"), clock=lambda: now[0])
+    g = Peer("g")
+    hub.handle(g, game_hello(n_red=0, n_blue=1))
+    game_id = hub.slots[0].game.peer_id  # type: ignore[union-attr]
+    assert hub.handle(g, game_step(0, 0, n_red=0, n_blue=1)) == [Send(g, GameActions(0, {}))]
+    idle = IdleTick(game_id, 1)
+    assert hub.handle(g, game_step(1, 0, n_red=0, n_blue=1)) == [StartTimer(IDLE_TICK_S, idle)]
+    now[0] = IDLE_TICK_S / 2
+    assert hub.timer_fired(idle) == [StartTimer(IDLE_TICK_S / 2, idle)]  # early: the rest of the interval
+    now[0] = IDLE_TICK_S
+    assert hub.timer_fired(idle) == [Send(g, GameActions(1, {}))]
+    barrier = CoreHub(expected_games=1, stepping=StepOptions("barrier"), clock=lambda: now[0])
+    t = Peer("t")
+    barrier.handle(g, game_hello(n_red=0, n_blue=1))
+    barrier.handle(t, trainer_hello("blue"))
+    barrier.handle(t, TrainerReset())
+    assert barrier.handle(g, game_step(0, 0, n_red=0, n_blue=1))[1:] == [StartTimer(STALL_REPORT_S, StallCheck())]
+    now[0] += STALL_REPORT_S
+    with structlog.testing.capture_logs() as logs:
+        assert barrier.timer_fired(StallCheck()) == [StartTimer(STALL_REPORT_S, StallCheck())]  # still waiting
+    assert logs[0]["event"] == "policy blue: trainer 't-blue' has not answered batch 1 for 5 s; games 0 wait (barrier)"
+    untimed = CoreHub(expected_games=1, stepping=StepOptions("barrier"), timers=False)
+    untimed.handle(g, game_hello(n_red=0, n_blue=1))
+    untimed.handle(t, trainer_hello("blue"))
+    untimed.handle(t, TrainerReset())
+    assert not any(isinstance(e, StartTimer) for e in untimed.handle(g, game_step(0, 0, n_red=0, n_blue=1)))

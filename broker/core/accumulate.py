@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from broker.protocol.messages import StepData
+from broker.protocol.spaces import GroupSpec
 
 
 class SlotAccumulator:
@@ -90,3 +91,36 @@ class SlotAccumulator:
             self.infos,
             self.frames if with_frames else None,
         )
+
+
+def replaced_game_step(last_obs: dict[str, np.ndarray], start: int, data: StepData) -> StepData:
+    """A game's first step in a slot the trainer already saw: the old episodes end truncated, with the
+    last observation the trainer saw of that slot (rows from ``start``) as their final observation."""
+    n = data.n_rows
+    final_obs = {k: v[start : start + n] for k, v in last_obs.items()}
+    return StepData(
+        data.obs,
+        np.zeros(n, np.float32),
+        np.zeros(n, np.bool_),
+        np.ones(n, np.bool_),
+        np.arange(n, dtype=np.int32),
+        final_obs,
+        {row: {**data.infos.get(row, {}), "game_replaced": True} for row in range(n)},
+    )
+
+
+def keep_ended_rows(
+    accumulator: SlotAccumulator | None,
+    last: dict[str, np.ndarray] | None,
+    group: GroupSpec,
+    part: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Rows whose episode ended after the observation these actions answer keep their ``last`` action
+    (zeros before the first), and their info says so."""
+    if accumulator is None or not accumulator.closed.any():
+        return part
+    stale = accumulator.closed
+    previous = last or group.zero_actions()
+    for row in np.flatnonzero(stale).tolist():
+        accumulator.infos.setdefault(row, {})["action_applied"] = False
+    return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}

@@ -7,12 +7,15 @@ from typing import Any
 
 import numpy as np
 
+from broker.protocol.checks import canonical_actions
 from broker.protocol.errors import ErrorCode, LocalProtocolError
 from broker.protocol.messages import StepData
-from broker.protocol.spaces import DTYPES, PolicySpaces
+from broker.protocol.spaces import PolicySpaces
 
 # What replaces an info the trainer's codec cannot carry: the row still arrives, and says why it has no info.
 DROPPED_INFO = {"info_dropped": "not encodable for this trainer"}
+
+__all__ = ["DROPPED_INFO", "UnencodableMessage", "canonical_actions", "concatenate_rows", "drop_unencodable_infos"]
 
 
 class UnencodableMessage(LocalProtocolError):
@@ -42,22 +45,6 @@ def drop_unencodable_infos(data: StepData, encodable: Callable[[Any], bool]) -> 
         data.frames,
     )
     return kept, sorted(rows)
-
-
-def canonical_actions(array: np.ndarray, wire_dtype: str) -> np.ndarray:
-    """Accept any float for continuous and any integer for discrete actions; forward canonical dtypes."""
-    target = DTYPES[wire_dtype]
-    if array.dtype == target:
-        return array
-    if target.kind == "f" and array.dtype.kind == "f":
-        with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf, which check_rows refuses
-            return array.astype(target)
-    if target.kind == "i" and array.dtype.kind in "iu":
-        limits = np.iinfo(target)
-        if array.size and (array.min() < limits.min or array.max() > limits.max):
-            return array  # a cast would wrap (2**32 + 2 -> 2): check_rows judges the values as they came
-        return array.astype(target)
-    return array  # check_rows reports the wrong dtype
 
 
 def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:

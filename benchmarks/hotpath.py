@@ -25,7 +25,8 @@ import numpy as np
 
 from benchmarks.configs import ACTION_KEY, ACTION_SIZE, BenchConfig, BenchWorld
 from benchmarks.raw import _decode_step, _view, actions_frame, step_frame
-from broker.core.hub import GameSession, Hub, TrainerSession
+from broker.core.effects import Effect, Send
+from broker.core.flow import Hub
 from broker.log import configure_logging
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.connection import BrokerConnection, PeerConnection
@@ -86,6 +87,13 @@ def _handshake(peer: PeerConnection, broker: BrokerSide) -> Message:
     return hello
 
 
+def deliver(effects: list[Effect]) -> None:
+    """The hub's sends, written to the in-memory peers (lock-step barrier stepping arms no timers)."""
+    for effect in effects:
+        if isinstance(effect, Send):
+            effect.peer.send(effect.message)  # type: ignore[attr-defined]
+
+
 class MemoryTrainerLink:
     """A BrokerVecEnv's link: messages go through bytes into the hub synchronously."""
 
@@ -96,7 +104,7 @@ class MemoryTrainerLink:
         self.broker = BrokerSide(f"trainer {policy}", self.from_broker)
         self.peer = PeerConnection(Hello("trainer", PROTOCOL_VERSION, f"t-{policy}", policy=policy))
         hello = _handshake(self.peer, self.broker)
-        self.session: TrainerSession = hub.add_trainer(self.broker, hello)  # type: ignore[arg-type]
+        deliver(hub.handle(self.broker, hello))
 
     def send(self, message: Message) -> None:
         data = self.peer.send(message)
@@ -104,10 +112,8 @@ class MemoryTrainerLink:
         started = time.thread_time()
         self.broker.connection.receive_data(data)
         event = self.broker.connection.next_event()
-        if isinstance(event, TrainerAct):
-            self.hub.trainer_act(self.session, event)
-        elif isinstance(event, TrainerReset):
-            self.hub.trainer_reset(self.session)
+        if isinstance(event, (TrainerAct, TrainerReset)):
+            deliver(self.hub.handle(self.broker, event))
         SIDE_SECONDS["broker"] += time.thread_time() - started
 
     def recv(self) -> Message:
@@ -132,7 +138,7 @@ class MemoryGame:
         self.peer = PeerConnection(Hello("game", PROTOCOL_VERSION, f"g{index}", groups=tuple(config.groups())))
         hello = _handshake(self.peer, self.broker)
         assert isinstance(hello, Hello)
-        self.session: GameSession = hub.add_game(self.broker, hello)
+        deliver(hub.handle(self.broker, hello))
         self.hub = hub
 
     def send_step(self) -> None:
@@ -144,7 +150,7 @@ class MemoryGame:
         self.broker.connection.receive_data(data)
         event = self.broker.connection.next_event()
         assert isinstance(event, GameStep)
-        self.hub.game_step(self.session, event)
+        deliver(self.hub.handle(self.broker, event))
         SIDE_SECONDS["broker"] += time.thread_time() - handed
 
     def turn(self) -> None:
@@ -161,7 +167,7 @@ class MemoryGame:
 
 def broker_path(config: BenchConfig, steps: int, profile: str | None) -> tuple[float, dict[str, float]]:
     """CPU seconds per lock-step through game, broker and VecEnvs; frames and bytes per lock-step."""
-    hub = Hub(config.games, stepping=StepOptions("barrier"))
+    hub = Hub(config.games, stepping=StepOptions("barrier"), timers=False)
     links = [MemoryTrainerLink(hub, name) for name in config.policy_names]
     games = [MemoryGame(hub, config, i) for i in range(config.games)]
     envs = [BrokerVecEnv(name, link=link) for name, link in zip(config.policy_names, links, strict=True)]

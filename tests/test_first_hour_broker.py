@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from broker.core.hub import IDLE_TICK_S
+from broker.core.holding import IDLE_TICK_S
 from tests.helpers import broker_process, python_env, spawn_python
 
 WAIT_S = 120.0  # generous: the machine is shared; nothing below measures speed

@@ -31,7 +31,7 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.core.hub import GameSession, Hub, TrainerSession
+from broker.core.sessions import GameSession, TrainerSession
 from broker.legacy.wire import encode_message
 from broker.protocol import PROTOCOL_VERSION, variant
 from broker.protocol.arrays import DTYPES
@@ -54,6 +54,7 @@ from broker.protocol.messages import (
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, GroupSpec, PolicySpaces
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, PeerProtocol
+from tests.hub_driver import LinkHub as Hub
 
 GOOD = PolicySpaces((("obs", BoxSpace((3,), "float32", -5.0, 5.0)),), (("pick", DiscreteAction(3)),))
 OTHER = PolicySpaces((("obs", BoxSpace((2,), "float32", -5.0, 5.0)),), (("move", ContinuousAction(2)),))

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from broker.core.hub import Hub
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.messages import Batch, GameActions, GameStep, Hello, StepData, StepOptions, TrainerAct
 from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
+from tests.hub_driver import LinkHub as Hub
 from tests.test_hub import FakeLink
 
 SPACES = PolicySpaces((("obs", BoxSpace((1,), "float32", -100, 100)),), (("move", ContinuousAction(1)),))

@@ -13,7 +13,6 @@ from broker.core.batching import DROPPED_INFO
 from broker.core.effects import Close, Deadline, IdleTick, Send, StallCheck, StartTimer
 from broker.core.flow import Hub as CoreHub
 from broker.core.holding import IDLE_TICK_S, STALL_REPORT_S
-from broker.core.hub import Hub
 from broker.core.states import TRANSITIONS, GameState, GroupWait, TrainerState, advance
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
@@ -34,6 +33,7 @@ from broker.protocol.messages import (
     Welcome,
 )
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, GroupSpec, PolicySpaces
+from tests.hub_driver import LinkHub as Hub
 
 RED = PolicySpaces((("obs", BoxSpace((3,), "float32", -10, 10)),), (("move", ContinuousAction(2)),))
 BLUE = PolicySpaces((("obs", BoxSpace((1,), "float32", -10, 10)),), (("pick", DiscreteAction(4)),))

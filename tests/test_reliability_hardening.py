@@ -23,7 +23,6 @@ import pytest
 import structlog
 
 from broker.core.batching import DROPPED_INFO, UnencodableMessage
-from broker.core.hub import Hub
 from broker.log import configure_logging
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.framing import encode_frame
@@ -35,6 +34,7 @@ from clients.errors import BrokerError
 from clients.game import GameClient
 from clients.status import fetch_status
 from clients.transport import PeerSocket
+from tests.hub_driver import LinkHub as Hub
 from tests.scripts.reliability_common import (
     Broker,
     RawPeer,

@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import structlog
 
-from broker.core.hub import IDLE_TICK_S, STALL_REPORT_S, Hub
+from broker.core.holding import IDLE_TICK_S, STALL_REPORT_S
 from broker.core.metrics import RateMeter
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.messages import Batch, GameActions, Hello, StepOptions, Waiting
 from broker.protocol.spaces import GroupSpec
+from tests.hub_driver import LinkHub as Hub
 from tests.test_hold import SPACES, FakeScheduler, act, tick
 from tests.test_hub import FakeLink
 

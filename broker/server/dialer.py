@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.core.sessions import TrainerSession
 from broker.legacy.godot_rl_trainer import (
     ActionRequest,
     CallRequest,
@@ -35,12 +36,12 @@ from broker.protocol.messages import (
     PolicyInfo,
     StepOptions,
     TrainerAct,
+    TrainerReset,
     Waiting,
     Welcome,
 )
 
 if TYPE_CHECKING:
-    from broker.core.hub import TrainerSession
     from broker.server.server import BrokerServer
 
 log = structlog.get_logger("gdrl.legacy")  # the godot_rl adapters' events, wherever they run
@@ -51,7 +52,7 @@ class GodotRlTrainerLink(asyncio.Protocol):
 
     def __init__(self, connector: GodotRlTrainerConnector) -> None:
         self.connector = connector
-        self.hub = connector.server.hub
+        self.server = connector.server
         self.policy = connector.policy
         self.label = f"godot_rl trainer {connector.host}:{connector.port}"
         self.session = GodotRlTrainer(connector.policy, connector.server.config.max_frame_bytes)
@@ -88,7 +89,7 @@ class GodotRlTrainerLink(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         if self.trainer is not None:
-            self.hub.remove_trainer(self.trainer)
+            self.server.leave(self)
         log.info("godot_rl trainer disconnected", peer=self.label, policy=self.policy, reason=str(exc or "closed"))
         if not self.finished.done():
             self.finished.set_result(None)
@@ -98,13 +99,14 @@ class GodotRlTrainerLink(asyncio.Protocol):
     def _handle(self, request: TrainerRequest) -> None:
         if isinstance(request, EnvInfoRequest):
             hello = Hello("trainer", PROTOCOL_VERSION, self.label, policy=self.policy, stepping=self._stepping())
-            self.trainer = self.hub.add_trainer(self, hello)  # may answer with PolicyInfo right away
+            self.server.enter(self, hello)  # may answer with PolicyInfo right away
+            trainer = self.server.hub.session(self)
+            self.trainer = trainer if isinstance(trainer, TrainerSession) else None
         elif isinstance(request, ResetRequest):
-            assert self.trainer is not None
-            self.hub.trainer_reset(self.trainer)
+            self.server.enter(self, TrainerReset())
         elif isinstance(request, ActionRequest):
-            assert self.trainer is not None and self._open_step is not None
-            self.hub.trainer_act(self.trainer, TrainerAct(self._open_step, request.actions))
+            assert self._open_step is not None
+            self.server.enter(self, TrainerAct(self._open_step, request.actions))
         elif isinstance(request, CallRequest):
             self.connector.server.godot_rl_calls.call(self, self.policy, request.method)
         elif isinstance(request, CloseRequest):

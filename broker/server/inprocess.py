@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from broker.core.hub import TrainerSession
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
@@ -118,10 +117,7 @@ class InProcessTrainer:
         self._side = _HubSide(hello.name)
         self._left = False
 
-        def join() -> TrainerSession:
-            return server.server.hub.add_trainer(self._side, hello)
-
-        self._session = server.call(join)  # a refusal raises its ProtocolError here
+        server.call(server.server.enter, self._side, hello)  # a refusal raises its ProtocolError here
 
     @property
     def closed(self) -> bool:
@@ -133,14 +129,12 @@ class InProcessTrainer:
         self._server.loop.call_soon_threadsafe(self._deliver, message)
 
     def _deliver(self, message: Message) -> None:
-        hub = self._server.server.hub
+        if self._side.closed or not isinstance(message, (TrainerAct, TrainerReset)):
+            return
         try:
-            if isinstance(message, TrainerAct):
-                hub.trainer_act(self._session, message)
-            elif isinstance(message, TrainerReset):
-                hub.trainer_reset(self._session)
+            self._server.server.enter(self._side, message)
         except ProtocolError as exc:
-            hub.remove_trainer(self._session)
+            self._server.server.leave(self._side)
             self._side.close(Error(exc.code.value, exc.message))
 
     def recv(self) -> Message:
@@ -153,7 +147,7 @@ class InProcessTrainer:
             return
         self._left = True
         if not self._server.closed:
-            self._server.loop.call_soon_threadsafe(self._server.server.hub.remove_trainer, self._session)
+            self._server.loop.call_soon_threadsafe(self._server.server.leave, self._side)
 
 
 def attach_trainer(server: ServerThread, hello: Hello) -> InProcessTrainer:

@@ -16,13 +16,15 @@ import hmac
 import os
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import structlog
 
 from broker.core.batching import UnencodableMessage
-from broker.core.hub import GameSession, Hub, TrainerSession
+from broker.core.effects import Close as CloseEffect
+from broker.core.effects import Effect, Send, StartTimer, Timer
+from broker.core.flow import Hub
+from broker.core.sessions import GameSession, TrainerSession
 from broker.legacy.game_connection import CallAnswered, GodotRlGameConnection
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import encode_body
@@ -59,6 +61,17 @@ log = structlog.get_logger("gdrl.server")
 # A peer that buffered this much at once (a large frame) has its freed memory handed back when it leaves.
 LARGE_FRAME_BYTES = 1 << 20
 TRIM_DELAY_S = 0.5  # heap trims after departures are coalesced: at most one per this interval
+
+
+class Link(Protocol):
+    """What the server needs of a hub peer (a connection, a dialed godot_rl trainer, an in-process one).
+    Every peer the server hands the hub is one, so the peers in the hub's effects are too."""
+
+    label: str
+
+    def send(self, message: Message) -> None: ...
+
+    def close(self, error: Error | Close | None = None) -> None: ...
 
 
 class PeerProtocol(asyncio.Protocol):
@@ -159,10 +172,8 @@ class PeerProtocol(asyncio.Protocol):
         self.server.admitted.discard(self)
         if self.large_frames or self.game is not None:
             self.server.schedule_heap_trim()
-        if self.game is not None:
-            self.hub.remove_game(self.game)
-        if self.trainer is not None:
-            self.hub.remove_trainer(self.trainer)
+        if self.game is not None or self.trainer is not None:
+            self.server.leave(self)
         log.debug("disconnected", peer=self.label, reason=str(exc) if exc else "closed")
 
     # --- dispatch --------------------------------------------------------------------------------
@@ -175,23 +186,17 @@ class PeerProtocol(asyncio.Protocol):
                 self._cancel_hello_timer()
                 self._check_token(event)
                 self._admit()
-            if event.role == "game":
-                self.game = self.hub.add_game(self, event)
-            elif event.role == "trainer":
-                self.trainer = self.hub.add_trainer(self, event)
+            if event.role in ("game", "trainer"):
+                self.server.enter(self, event)
+                session = self.hub.session(self)
+                self.game = session if isinstance(session, GameSession) else None
+                self.trainer = session if isinstance(session, TrainerSession) else None
             else:  # an observer: status once, then goodbye
                 self.send(Welcome(PROTOCOL_VERSION, 0))
                 self.send(Status(wire_safe(self.server.status())))
                 self.close(Close("status sent"))
-        elif isinstance(event, GameStep):
-            assert self.game is not None
-            self.hub.game_step(self.game, event)
-        elif isinstance(event, TrainerAct):
-            assert self.trainer is not None
-            self.hub.trainer_act(self.trainer, event)
-        elif isinstance(event, TrainerReset):
-            assert self.trainer is not None
-            self.hub.trainer_reset(self.trainer)
+        elif isinstance(event, (GameStep, TrainerAct, TrainerReset)):
+            self.server.enter(self, event)
         elif isinstance(event, Close):
             log.info("peer said goodbye", peer=self.label, reason=event.reason)
             self.closing = True
@@ -226,7 +231,7 @@ class PeerProtocol(asyncio.Protocol):
     def _refused(self, refusal: Refusal) -> None:
         """Told gently (a godot_rl game): it leaves the hub now, and the connection after its answer."""
         if self.game is not None:
-            self.hub.remove_game(self.game)
+            self.server.leave(self)
             self.game = None
         self._write(refusal.now)
         if self._loop is not None and not self.closing:
@@ -347,7 +352,7 @@ class BrokerServer:
     def __init__(self, config: ServerConfig, hub: Hub | None = None) -> None:
         config.validate()
         self.config = config
-        self.hub = hub or Hub(config.expected_games, config.step_options(), scheduler=self._schedule)
+        self.hub = hub or Hub(config.expected_games, config.step_options())
         self.connections: set[PeerProtocol] = set()
         self.before_hello: dict[PeerProtocol, None] = {}  # insertion order: the oldest is shed first
         self.admitted: set[PeerProtocol] = set()
@@ -357,17 +362,41 @@ class BrokerServer:
         self.started = time.monotonic()
         self.godot_rl_calls = GodotRlCalls(self)  # a dialed godot_rl trainer's call, relayed to plugin games
 
-    @staticmethod
-    def _schedule(delay: float, callback: Callable[[], None]) -> asyncio.TimerHandle:
-        """The hub's timers (stepping deadlines) run on the loop; a failure is logged, never fatal."""
+    # --- the one way into the hub, and its effects carried out -------------------------------------
 
-        def run() -> None:
-            try:
-                callback()
-            except Exception:
-                log.exception("hub timer failed")
+    def enter(self, peer: Link, message: Message) -> None:
+        """Hand ``message`` from ``peer`` to the hub and carry out what it answers. A RemoteProtocolError
+        (the peer's fault) propagates to the caller, which closes that peer; the hub is unchanged then."""
+        self.apply(self.hub.handle(peer, message))
 
-        return asyncio.get_running_loop().call_later(delay, run)
+    def leave(self, peer: Link) -> None:
+        """``peer``'s connection is gone: its game or trainer leaves the hub."""
+        self.apply(self.hub.peer_lost(peer))
+
+    def apply(self, effects: list[Effect]) -> None:
+        """Carry out the hub's effects in order: sends, closes, timers."""
+        for effect in effects:
+            if isinstance(effect, Send):
+                self._send(cast(Link, effect.peer), effect.message)
+            elif isinstance(effect, CloseEffect):
+                cast(Link, effect.peer).close(effect.error)
+            elif isinstance(effect, StartTimer):
+                asyncio.get_running_loop().call_later(effect.delay_s, self._timer_fired, effect.timer)
+
+    def _send(self, peer: Link, message: Message) -> None:
+        try:
+            peer.send(message)
+        except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
+            if not isinstance(message, Batch):
+                raise
+            self.apply(self.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message))
+
+    def _timer_fired(self, timer: Timer) -> None:
+        """A hub timer (deadline, idle pacing, stall check) is due; a failure is logged, never fatal."""
+        try:
+            self.apply(self.hub.timer_fired(timer))
+        except Exception:
+            log.exception("hub timer failed")
 
     def schedule_heap_trim(self) -> None:
         """Give freed memory back to the OS soon (a large peer or a game left); coalesced."""

@@ -325,7 +325,7 @@ def test_status_answers_even_when_a_name_cannot_be_encoded() -> None:
         server = BrokerServer(ServerConfig(port=0, status_interval=0))
         await server.start()
         hello = Hello("game", PROTOCOL_VERSION, "g\ud800", groups=(GroupSpec("bad\ud800name", 1, SPACES),))
-        server.hub.add_game(GameLink("g"), hello)
+        server.enter(GameLink("g"), hello)
         try:
             return await asyncio.to_thread(fetch_status, f"127.0.0.1:{server.port}")
         finally:
@@ -382,7 +382,7 @@ def test_an_unencodable_info_reaches_a_real_trainer_as_a_dropped_info_over_a_soc
         await server.start()
         game_link = GameLink("in-process game")
         hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("p", 1, SPACES),))
-        game = server.hub.add_game(game_link, hello)
+        server.enter(game_link, hello)
 
         def trainer() -> dict[str, Any]:
             with RawPeer(f"127.0.0.1:{server.port}") as peer:
@@ -407,7 +407,7 @@ def test_an_unencodable_info_reaches_a_real_trainer_as_a_dropped_info_over_a_soc
         data = StepData(
             {"obs": np.zeros((1, 3), np.float32)}, np.ones(1, np.float32), zeros, zeros, infos={0: {"big": 10**30}}
         )
-        server.hub.game_step(game, GameStep(0, {"p": data}))
+        server.enter(game_link, GameStep(0, {"p": data}))
         try:
             return await thread_result, game_link.sent
         finally:

@@ -4,7 +4,7 @@ the generic construction check, ``to_wire`` and ``from_wire`` every message clas
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -93,10 +93,10 @@ class Field:
     wire: str | None = ""
     sent: Callable[[Any], bool] | None = None
     absent: Any = None  # what ``decode`` gets when the key is missing
+    key: str = field(init=False)  # the wire key (the name, unless ``wire`` says otherwise)
 
-    @property
-    def key(self) -> str:
-        return self.name if self.wire == "" else (self.wire or self.name)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.wire or self.name)
 
 
 class WireMessage:
@@ -105,52 +105,43 @@ class WireMessage:
     __slots__ = ()
     TYPE: ClassVar[str]
     FIELDS: ClassVar[tuple[Field, ...]] = ()
-    LABEL: ClassVar[str] = ""  # names the message in error texts (default: TYPE)
 
     def __post_init__(self) -> None:
-        what = self.LABEL or self.TYPE
+        what = self.TYPE
         for f in self.FIELDS:
             f.check(getattr(self, f.name), what, f.key)
-        self._check_whole()
-
-    def _check_whole(self) -> None:
-        """Rules across fields (none by default)."""
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"type": self.TYPE}
         for f in self.FIELDS:
-            value = getattr(self, f.name)
             if f.sent is not None and not f.sent(self):
                 continue
+            value = getattr(self, f.name)
             if f.encode is not None:
                 value = f.encode(value)
             if f.wire is None:
                 wire.update(value)
             else:
-                wire[f.wire or f.name] = value
+                wire[f.key] = value
         return wire
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Any:
-        what = cls.LABEL or cls.TYPE
-        values = {}
+        what = cls.TYPE
+        message = object.__new__(cls)
         for f in cls.FIELDS:
-            if f.wire is None:
-                raw = obj
-            else:
-                raw = obj.get(f.wire or f.name, f.absent)
+            raw = obj if f.wire is None else obj.get(f.key, f.absent)
             if f.decode is None:
                 f.check(raw, what, f.key)
-                values[f.name] = raw
             else:
-                values[f.name] = f.decode(raw, what, f.key)
-        return cls._trusted(values)
+                raw = f.decode(raw, what, f.key)
+            object.__setattr__(message, f.name, raw)  # checked (decoded) already: no second check
+        return message
 
     @classmethod
     def _trusted(cls, values: dict[str, Any]) -> Any:
-        """Build from values already checked (by ``from_wire``), without checking them again."""
+        """Build from values already checked, without checking them again."""
         message = object.__new__(cls)
         for name, value in values.items():
             object.__setattr__(message, name, value)
-        message._check_whole()
         return message

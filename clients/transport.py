@@ -238,7 +238,8 @@ class PeerSocket:
         if self.closed:
             raise BrokerError("closed", "connection is closed")
         try:
-            _send_buffers(self.sock, frame_buffers(self.connection.codec, message))
+            # _send_buffers returns only once all is sent: the caller's arrays may be referenced
+            _send_buffers(self.sock, frame_buffers(self.connection.codec, message, writable_too=True))
         except OSError as exc:
             raise BrokerError("connection_lost", f"lost the broker at {self.address}: {exc}") from exc
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ def test_every_vector_gathers_to_its_own_bytes(vector: dict) -> None:
     assert body_kind(body) is BodyKind.MSGPACK
     wire = decode_body(BodyKind.MSGPACK, body)
     assert _joined(wire_buffers(wire)) == frame
-    assert _joined(wire_buffers(wire, min_bytes=1)) == frame  # every bin by reference, empty ones too
+    assert _joined(wire_buffers(wire, min_bytes=1, writable_too=True)) == frame  # every bin by reference
     message = message_from_wire(wire)
     assert _joined(frame_buffers(BodyKind.MSGPACK, message)) == frame
 
@@ -58,7 +59,8 @@ def test_large_messages_gather_to_the_single_buffer_bytes(n: int, width: int) ->
     ]
     for message in messages:
         single = encode_message_frame(BodyKind.MSGPACK, message.to_wire())
-        parts = frame_buffers(BodyKind.MSGPACK, message)
+        assert _joined(frame_buffers(BodyKind.MSGPACK, message)) == single  # writable arrays: copied
+        parts = frame_buffers(BodyKind.MSGPACK, message, writable_too=True)
         assert _joined(parts) == single
         if n * width * 4 >= GATHER_MIN_BYTES:  # the array's own memory goes out, not a copy
             referenced = [p for p in parts if isinstance(p, memoryview) and p.nbytes == n * width * 4]
@@ -98,9 +100,25 @@ def test_a_gathered_frame_crosses_a_real_socket_whole() -> None:
     thread = threading.Thread(target=read)
     thread.start()
     try:
-        _send_buffers(writer, frame_buffers(BodyKind.MSGPACK, message))
+        _send_buffers(writer, frame_buffers(BodyKind.MSGPACK, message, writable_too=True))
         thread.join(timeout=60)
     finally:
         writer.close()
         reader.close()
     assert bytes(received) == single
+
+
+def test_only_read_only_arrays_are_referenced_by_default() -> None:
+    """An asyncio transport may keep buffers past the write call: memory its owner may change is copied."""
+    data = _data(400, 64)
+    readonly = {k: v.copy() for k, v in data.obs.items()}
+    for array in readonly.values():
+        array.flags.writeable = False
+    message = Batch(1, replace(data, obs=readonly))
+    parts = frame_buffers(BodyKind.MSGPACK, message)
+    assert any(
+        isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), readonly["obs"]) for p in parts
+    )
+    writable = frame_buffers(BodyKind.MSGPACK, Batch(1, data))
+    assert not any(isinstance(p, memoryview) for p in writable)
+    assert _joined(parts) == _joined(writable) == encode_message_frame(BodyKind.MSGPACK, message.to_wire())

@@ -50,18 +50,24 @@ def array_bytes(message: Message) -> int:
     return 0
 
 
-def frame_buffers(kind: BodyKind, message: Message) -> list[Buffer]:
-    """The message's frame, header included, as buffers to write in order with one gather write."""
+def frame_buffers(kind: BodyKind, message: Message, writable_too: bool = False) -> list[Buffer]:
+    """The message's frame, header included, as buffers to write in order with one gather write.
+
+    Only read-only array memory (arrays decoded from a frame, ``bytes``) is referenced unless
+    ``writable_too``: a transport that buffers what the socket does not take at once (asyncio) must not
+    hold memory its owner may still change. A blocking ``sendmsg`` loop, which returns only once all is
+    sent, may pass ``writable_too``.
+    """
     if kind is not BodyKind.MSGPACK or array_bytes(message) < GATHER_MIN_BYTES:
         return [encode_message_frame(kind, message.to_wire())]
-    return wire_buffers(message.to_wire())
+    return wire_buffers(message.to_wire(), writable_too=writable_too)
 
 
-def wire_buffers(wire: dict[str, Any], min_bytes: int = GATHER_MIN_BYTES) -> list[Buffer]:
-    """A wire map's msgpack frame as buffers: bin values of ``min_bytes`` or more by reference, the rest
-    packed."""
+def wire_buffers(wire: dict[str, Any], min_bytes: int = GATHER_MIN_BYTES, writable_too: bool = False) -> list[Buffer]:
+    """A wire map's msgpack frame as buffers: bin values of ``min_bytes`` or more by reference (read-only
+    ones only, unless ``writable_too``), the rest packed."""
     parts: list[Buffer] = []
-    tail = _walk(wire, parts, bytearray(), _packers.packer, min_bytes)
+    tail = _walk(wire, parts, bytearray(), _packers.packer, min_bytes if writable_too else -min_bytes)
     if tail or not parts:
         parts.append(tail)
     if len(parts) > MAX_BUFFERS:
@@ -73,7 +79,8 @@ def wire_buffers(wire: dict[str, Any], min_bytes: int = GATHER_MIN_BYTES) -> lis
 
 def _walk(value: Any, parts: list[Buffer], small: bytearray, packer: msgpack.Packer, min_bytes: int) -> bytearray:
     """Append ``value``'s msgpack form: packed into ``small``, or (a large bin) as a buffer of its own
-    after ``small``, which then starts afresh. Returns the current small piece."""
+    after ``small``, which then starts afresh. Returns the current small piece. ``min_bytes`` < 0: only
+    read-only bins of at least -``min_bytes`` are referenced."""
     kind = type(value)
     if kind is dict:
         small += packer.pack_map_header(len(value))
@@ -84,9 +91,10 @@ def _walk(value: Any, parts: list[Buffer], small: bytearray, packer: msgpack.Pac
             else:
                 small = _walk(item, parts, small, packer, min_bytes)
         return small
-    if kind is memoryview or kind is bytes or kind is bytearray:
-        size = memoryview(value).nbytes
-        if size >= min_bytes:
+    if kind is memoryview or kind is bytes:
+        view = memoryview(value)
+        size = view.nbytes
+        if size >= abs(min_bytes) and (min_bytes > 0 or view.readonly):
             if size < 0x100:
                 small += _BIN8.pack(0xC4, size)
             else:

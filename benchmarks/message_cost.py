@@ -72,9 +72,13 @@ def main() -> None:
             message = build()
             frame = encode_message_frame(BodyKind.MSGPACK, message.to_wire())
             cost_build = _best(build, args.repeat, args.number)
-            cost_encode = _best(lambda m=message: encode_message_frame(BodyKind.MSGPACK, m.to_wire()), args.repeat, args.number)
+            cost_encode = _best(
+                lambda m=message: encode_message_frame(BodyKind.MSGPACK, m.to_wire()), args.repeat, args.number
+            )
             cost_decode = _best(lambda f=frame: _decode(f), args.repeat, args.number)
-            print(f"{n}x{width:<5} {name:>8} {len(frame):>8} {cost_build:>9.2f} {cost_encode:>10.2f} {cost_decode:>10.2f}")
+            print(
+                f"{n}x{width:<5} {name:>8} {len(frame):>8} {cost_build:>9.2f} {cost_encode:>10.2f} {cost_decode:>10.2f}"
+            )
 
 
 if __name__ == "__main__":

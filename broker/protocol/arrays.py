@@ -1,7 +1,8 @@
 """numpy arrays on the wire: a map ``{"dtype": name, "shape": [...], "data": raw little-endian bytes}``.
 
-Decoding is ``np.frombuffer`` plus a reshape: no per-element Python work. Decoded arrays are read-only
-views of the received body; copy before writing to them.
+Decoding is ``np.frombuffer`` plus a reshape: no per-element Python work. Decoded arrays are views of
+the received frame (read-only, unless the receiver alone owns its frames: ``FrameDecoder(writable_bodies=True)``);
+copy a read-only one before writing to it.
 """
 
 from __future__ import annotations

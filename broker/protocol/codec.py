@@ -127,6 +127,11 @@ def unpack(body: bytes | memoryview) -> dict[str, Any]:
     """
     if len(body) > MAX_FRAME_ELEMENTS:
         check_msgpack_bounds(body)
+    return _unpack_checked(body)
+
+
+def _unpack_checked(body: bytes | memoryview) -> dict[str, Any]:
+    """``unpack`` of a body whose bounds were checked already."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -227,18 +232,23 @@ def _hot_map(wire: Any) -> dict[str, Any]:
     return {"type": "actions", "tick": wire.tick, "groups": {k: _arrays_map(v) for k, v in wire.groups.items()}}
 
 
+# Below this a body is decoded the general way: copying a few KiB of array data costs less than the
+# typed decode and the map built from it.
+VIEW_MIN_BYTES: Final = 16 * 1024
+
+
 def unpack_viewing_arrays(body: bytes | memoryview) -> dict[str, Any]:
-    """``unpack``, but the arrays of a well-formed step, act, actions or batch keep their data as views of
-    ``body`` instead of copies (the map is otherwise the same). The body must then stay unchanged for as
-    long as those views live: frame bodies are never reused (``FrameDecoder``)."""
+    """``unpack``, but the arrays of a well-formed step, act, actions or batch of at least VIEW_MIN_BYTES
+    keep their data as views of ``body`` instead of copies (the map is otherwise the same). The body must
+    then stay unchanged for as long as those views live: frame bodies are never reused (``FrameDecoder``)."""
+    if len(body) < VIEW_MIN_BYTES or not bytes(body[1:14]).startswith(_HOT_PREFIXES):
+        return unpack(body)
     if len(body) > MAX_FRAME_ELEMENTS:
         check_msgpack_bounds(body)
-    if not bytes(body[1:14]).startswith(_HOT_PREFIXES):
-        return unpack(body)
     try:
         return _hot_map(_HOT_DECODER.decode(body))
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return unpack(body)
+        return _unpack_checked(body)
 
 
 def _msgpack_fixed_sizes() -> tuple[int, ...]:

@@ -57,7 +57,8 @@ class FrameDecoder:
     ) -> None:
         self.max_frame_bytes = max_frame_bytes
         self.writable_bodies = writable_bodies
-        self._scratch = bytearray(read_bytes)  # reused: nothing handed out points into it
+        self._read_bytes = read_bytes
+        self._scratch: bytearray | None = None  # reused: nothing handed out points into it
         self._ready: deque[Body] = deque()  # complete bodies, oldest first
         self._head = bytearray()  # header bytes of the next frame, until there are 4
         self._body: bytearray | None = None  # the open frame's own buffer
@@ -87,9 +88,11 @@ class FrameDecoder:
         if self._body is not None and not self._held:
             return memoryview(self._body)[self._filled :]
         if self._length and not self._held:  # reads grow with what has arrived (at most 2x of it)
-            size = min(max(len(self._scratch), self._collected), self._length - self._collected)
+            size = min(max(self._read_bytes, self._collected), self._length - self._collected)
             self._staging = bytearray(size)
             return memoryview(self._staging)
+        if self._scratch is None:
+            self._scratch = bytearray(self._read_bytes)
         return memoryview(self._scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -106,6 +109,7 @@ class FrameDecoder:
         if staging is not None and self._length and not self._held:
             self._collect(memoryview(staging)[:nbytes])
             return
+        assert self._scratch is not None  # get_buffer() came first
         self._consume(memoryview(self._scratch)[:nbytes], owned=False)
 
     def _consume(self, view: memoryview, owned: bool) -> None:
@@ -131,19 +135,26 @@ class FrameDecoder:
                 if self._filled == len(body):
                     self._finish_body()
                 continue
-            take = min(HEADER.size - len(self._head), size - pos)
-            self._head += view[pos : pos + take]
-            pos += take
-            if len(self._head) < HEADER.size:
-                return
-            length = HEADER.unpack(self._head)[0]
+            if not self._head and size - pos >= HEADER.size:  # the common case: a whole header in view
+                length = HEADER.unpack_from(view, pos)[0]
+                if self._ready or length > self.max_frame_bytes:
+                    self._head += view[pos : pos + HEADER.size]
+                pos += HEADER.size
+            else:
+                take = min(HEADER.size - len(self._head), size - pos)
+                self._head += view[pos : pos + take]
+                pos += take
+                if len(self._head) < HEADER.size:
+                    return
+                length = HEADER.unpack(self._head)[0]
+                if not (self._ready or length > self.max_frame_bytes):
+                    self._head.clear()
             if self._ready or length > self.max_frame_bytes:
                 # Accepted only when next_frame_view reaches it, against the limit in force then.
                 rest = view[pos:]
                 if rest:
                     self._held.append(rest if owned else memoryview(bytes(rest)))
                 return
-            self._head.clear()
             left = size - pos
             if length <= left:
                 piece = view[pos : pos + length]

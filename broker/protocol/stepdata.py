@@ -10,7 +10,7 @@ import numpy as np
 from broker.protocol.arrays import decode_array, encode_array
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.fields import (
-    check_array_map,
+    MAX_ARRAY_KEYS,
     decode_named_array,
     decode_named_arrays,
     encode_arrays,
@@ -54,6 +54,17 @@ def _check_free_value(value: Any, what: str, code: ErrorCode, level: int) -> Non
         raise RemoteProtocolError(code, f"{what}: a {type(value).__name__} cannot be forwarded")
 
 
+def _check_rows(arrays: Any, n: int, what: str, key: str, rows: str) -> None:
+    """A map of string -> array, each with ``n`` rows."""
+    if type(arrays) is not dict or len(arrays) > MAX_ARRAY_KEYS:
+        raise malformed(f"{what}.{key} must be a map of key to array")
+    for name, array in arrays.items():
+        if type(name) is not str or not isinstance(array, np.ndarray):
+            raise malformed(f"{what}.{key}: entry {summarize(name)} must map a string to an array")
+        if not array.shape or array.shape[0] != n:
+            raise malformed(f"{what}.{key}.{name} must have {rows}")
+
+
 @dataclass(frozen=True, slots=True)
 class StepData:
     """Outcome of one step for a set of rows (a game's group, or a policy's whole VecEnv).
@@ -80,29 +91,27 @@ class StepData:
         reward = self.reward
         if not isinstance(reward, np.ndarray) or reward.ndim != 1:
             raise malformed(f"{what}.reward must be a 1-d array")
-        n = reward.shape[0]
-        for name in ("terminated", "truncated"):
-            flags = getattr(self, name)
-            if not isinstance(flags, np.ndarray) or flags.shape != (n,):
-                raise malformed(f"{what}.{name} must be a bool array of shape [{n}]")
-        check_array_map(self.obs, what, "obs")
-        for key, array in self.obs.items():
-            if array.ndim < 1 or array.shape[0] != n:
-                raise malformed(f"{what}.obs.{key} must have {n} rows like reward")
-        if self.final_index is not None and self.final_obs is not None:
-            index = self.final_index
+        rows = reward.shape
+        n = rows[0]
+        terminated, truncated = self.terminated, self.truncated
+        if not isinstance(terminated, np.ndarray) or terminated.shape != rows:
+            raise malformed(f"{what}.terminated must be a bool array of shape [{n}]")
+        if not isinstance(truncated, np.ndarray) or truncated.shape != rows:
+            raise malformed(f"{what}.truncated must be a bool array of shape [{n}]")
+        _check_rows(self.obs, n, what, "obs", f"{n} rows like reward")
+        index = self.final_index
+        if index is not None and self.final_obs is not None:
             if not isinstance(index, np.ndarray) or index.ndim != 1:
                 raise malformed(f"{what}.final.index must be a 1-d int32 array")
-            check_array_map(self.final_obs, what, "final.obs")
-            for key, array in self.final_obs.items():
-                if array.ndim < 1 or array.shape[0] != len(index):
-                    raise malformed(f"{what}.final.obs.{key} must have one row per final index")
-        if not isinstance(self.infos, dict):
+            _check_rows(self.final_obs, len(index), what, "final.obs", "one row per final index")
+        infos = self.infos
+        if not isinstance(infos, dict):
             raise malformed(f"{what}.infos must be a map of row to map")
-        for row, info in self.infos.items():
+        for row, info in infos.items():
             if not is_int(row) or not 0 <= row < n or not isinstance(info, dict):
                 raise malformed(f"{what}.infos: entry {summarize(row)} must map a row in [0, {n}) to a map")
-        if self.frames is not None and (not isinstance(self.frames, np.ndarray) or self.frames.shape != (n,)):
+        frames = self.frames
+        if frames is not None and (not isinstance(frames, np.ndarray) or frames.shape != rows):
             raise malformed(f"{what}.frames must be an int32 array of shape [{n}]")
 
     @property

@@ -15,8 +15,9 @@ from broker.protocol.codec import (
     unpack,
     unpack_viewing_arrays,
 )
-from broker.protocol.errors import RemoteProtocolError
+from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.framing import FrameDecoder
+from broker.protocol.limits import MAX_FRAME_ELEMENTS
 from broker.protocol.messages import Batch, GameActions, GameStep, StepData, TrainerAct, message_from_wire
 
 
@@ -130,3 +131,15 @@ def test_what_the_hot_schemas_refuse_gets_the_general_decode_and_its_errors(wire
         del general["padding"]
     assert viewed == general
     assert _outcome(decode_body(BodyKind.MSGPACK, body)) == _outcome(general)
+
+
+def test_deep_nesting_in_a_hot_message_is_the_peers_error() -> None:
+    """msgspec's typed decode recurses into an info map; nesting too deep for it must end as the general
+    decoder's malformed error, never as a RecursionError (an internal error)."""
+    array = _array(shape=[1], data=b"\x00" * 4)
+    head = _body({"type": "batch", "step": 1, "obs": {}, "reward": array, "terminated": array, "truncated": array})
+    body = bytes([head[0] + 1]) + head[1:] + msgpack.packb("infos") + b"\x81\x00" + b"\x91" * 100_000 + b"\xc0"
+    assert len(body) < MAX_FRAME_ELEMENTS  # not scanned by the bounds check: the decoders meet it
+    with pytest.raises(RemoteProtocolError) as err:
+        decode_body(BodyKind.MSGPACK, body)
+    assert err.value.code is ErrorCode.MALFORMED

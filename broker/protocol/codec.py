@@ -247,7 +247,7 @@ def unpack_viewing_arrays(body: bytes | memoryview) -> dict[str, Any]:
         check_msgpack_bounds(body)
     try:
         return _hot_map(_HOT_DECODER.decode(body))
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # the general way says what is wrong
         return _unpack_checked(body)
 
 

@@ -144,22 +144,23 @@ def _unpack_checked(body: bytes | memoryview) -> dict[str, Any]:
 # --- the hot path: step, act, actions and batch with their arrays' data as views of the body -------------
 # msgpack-python copies every bin value out of the body; msgspec's typed decoder can instead give a
 # memoryview into it, which is what lets an array be a view of the frame it came in. These schemas only
-# parse: anything they do not match (a missing field, a key of another type, a bool for an int ...) is
-# decoded again the general way, so every check and error text stays with the message table.
+# parse: anything they do not match (a missing field, a key of another type, a bool for an int, a key no
+# message has, which msgspec would skip without checking its bytes ...) is decoded again the general way,
+# so every check and error text stays with the message table.
 
 
-class _ArrayWire(msgspec.Struct):
+class _ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
     dtype: str
     shape: list[int]
     data: memoryview
 
 
-class _FinalWire(msgspec.Struct):
+class _FinalWire(msgspec.Struct, forbid_unknown_fields=True):
     index: _ArrayWire
     obs: dict[str, _ArrayWire]
 
 
-class _StepDataWire(msgspec.Struct):
+class _StepDataWire(msgspec.Struct, forbid_unknown_fields=True):
     obs: dict[str, _ArrayWire]
     reward: _ArrayWire
     terminated: _ArrayWire
@@ -169,21 +170,21 @@ class _StepDataWire(msgspec.Struct):
     frames: _ArrayWire | msgspec.UnsetType = msgspec.UNSET
 
 
-class _StepWire(msgspec.Struct, tag_field="type", tag="step"):
+class _StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fields=True):
     tick: int
     groups: dict[str, _StepDataWire]
 
 
-class _BatchWire(_StepDataWire, tag_field="type", tag="batch"):
+class _BatchWire(_StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
     step: int | msgspec.UnsetType = msgspec.UNSET  # only a default may follow the fields with defaults
 
 
-class _ActWire(msgspec.Struct, tag_field="type", tag="act"):
+class _ActWire(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
     step: int
     actions: dict[str, _ArrayWire]
 
 
-class _ActionsWire(msgspec.Struct, tag_field="type", tag="actions"):
+class _ActionsWire(msgspec.Struct, tag_field="type", tag="actions", forbid_unknown_fields=True):
     tick: int
     groups: dict[str, dict[str, _ArrayWire]]
 
@@ -247,7 +248,7 @@ def unpack_viewing_arrays(body: bytes | memoryview) -> dict[str, Any]:
         check_msgpack_bounds(body)
     try:
         return _hot_map(_HOT_DECODER.decode(body))
-    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):  # the general way says what is wrong
+    except Exception:  # any refusal (msgspec raises several types): the general way says what is wrong
         return _unpack_checked(body)
 
 

@@ -15,6 +15,7 @@ from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
 from broker.protocol.codec import BodyKind
 from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
+from broker.protocol.gather import frame_buffers
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
 from broker.tuning import tune_allocator
 from clients.errors import BrokerError
@@ -133,7 +134,9 @@ class PeerSocket:
         """Connect (with backoff), say hello and read the welcome, on a fresh protocol state.
         ``timeout_handshake`` None: whatever is left of ``timeout_connect`` (at least MIN_GREETING_WINDOW)."""
         deadline = time.monotonic() + timeout_connect
-        self.connection = PeerConnection(self.hello, codec=self.codec)  # msgpack, or Godot Variant as the addon
+        # msgpack, or Godot Variant as the addon. Arrays are writable views of their frame: this socket
+        # alone holds what it receives, so a VecEnv may hand them to SB3 without a copy.
+        self.connection = PeerConnection(self.hello, codec=self.codec, writable_arrays=True)
         self.closed_by_broker = False
         self._first_bytes = b""  # what the server sent first, to show when it is not the greeting
         self.sock = self._connect_with_backoff(timeout_connect)
@@ -235,7 +238,8 @@ class PeerSocket:
         if self.closed:
             raise BrokerError("closed", "connection is closed")
         try:
-            self.sock.sendall(self.connection.send(message))
+            # _send_buffers returns only once all is sent: the caller's arrays may be referenced
+            _send_buffers(self.sock, frame_buffers(self.connection.codec, message, writable_too=True))
         except OSError as exc:
             raise BrokerError("connection_lost", f"lost the broker at {self.address}: {exc}") from exc
 
@@ -256,19 +260,22 @@ class PeerSocket:
                     self.close()
                     raise BrokerError("closed", message.reason or "the broker closed the connection")
                 return message
+            # Straight into the decoder's buffer: a frame's body lands in its own buffer, which the
+            # decoded arrays then view (no joins of chunks, no copy of array bytes).
+            buffer = self.connection.get_buffer()
             try:
-                data = self.sock.recv(1 << 16)
+                received = self.sock.recv_into(buffer)
             except TimeoutError as exc:
                 raise BrokerError("timeout", f"no message from the broker at {self.address}") from exc
             except OSError as exc:
                 self.close()
                 raise BrokerError("connection_lost", f"lost the broker at {self.address}: {exc}") from exc
-            if not data:
+            if not received:
                 self.close()
                 raise BrokerError("connection_lost", f"the broker at {self.address} closed the connection")
             if not self._first_bytes:
-                self._first_bytes = bytes(data[:64])
-            self.connection.receive_data(data)
+                self._first_bytes = bytes(buffer[: min(received, 64)])
+            self.connection.buffer_updated(received)
 
     def close(self, reason: str = "") -> None:
         if self.closed:
@@ -280,6 +287,22 @@ class PeerSocket:
         except OSError:
             pass
         self.sock.close()
+
+
+def _send_buffers(sock: socket.socket, buffers: list[bytes | bytearray | memoryview]) -> None:
+    """One frame in one gather write (``sendmsg``), large arrays straight from their own memory; the loop
+    only continues a write the kernel took in part."""
+    if len(buffers) == 1:
+        sock.sendall(buffers[0])
+        return
+    views = [memoryview(b).cast("B") for b in buffers]
+    while views:
+        sent = sock.sendmsg(views)
+        while views and sent >= views[0].nbytes:
+            sent -= views[0].nbytes
+            views.pop(0)
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def _reason(exc: OSError) -> str:

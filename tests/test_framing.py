@@ -119,3 +119,96 @@ def test_empty_arrays_round_trip() -> None:
 
     wire = msgpack.unpackb(msgpack.packb(encode_array(np.zeros((0, 3), np.float32))))
     assert decode_array(wire, "empty").shape == (0, 3)
+
+
+# --- reading straight into the decoder's buffers (asyncio BufferedProtocol, socket.recv_into) -------------
+
+
+def _read_into(decoder: FrameDecoder, stream: bytes, cuts: list[int]) -> list[bytes | memoryview]:
+    """Deliver ``stream`` as a socket would: each read writes at most up to the next cut into get_buffer()."""
+    out: list[bytes | memoryview] = []
+    pos = 0
+    for cut in [*cuts, len(stream)]:
+        while pos < cut:
+            buffer = decoder.get_buffer(-1)
+            n = min(len(buffer), cut - pos)
+            assert n > 0
+            buffer[:n] = stream[pos : pos + n]
+            decoder.buffer_updated(n)
+            pos += n
+            while (body := decoder.next_frame_view()) is not None:
+                out.append(body)
+    return out
+
+
+def test_recv_into_frames_split_at_every_byte_boundary() -> None:
+    bodies = [b"a", b"", b"hello world", bytes(range(256)) * 40]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    for cut in range(1, len(stream)):
+        decoder = FrameDecoder()
+        out = _read_into(decoder, stream, [cut])
+        assert [bytes(b) for b in out] == bodies, cut
+        assert decoder.buffered_bytes == 0
+
+
+def test_recv_into_large_frames_get_their_own_buffers_and_views_stay_valid() -> None:
+    small, large, huge = b"s" * 100, bytes(range(256)) * 1000, b"\x07" * (3 << 20)  # 256 KB, 3 MiB
+    bodies = [small, large, huge, small, large]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    for step in (1000, 8192, 65536, 1 << 20):
+        decoder = FrameDecoder()
+        out = _read_into(decoder, stream, list(range(step, len(stream), step)))
+        # every view is still what it was when handed out: no buffer was reused under it
+        assert [bytes(b) for b in out] == bodies
+        assert all(isinstance(b, memoryview) and b.readonly for b in out if len(b) > 8192)
+        assert decoder.buffered_bytes == 0
+
+
+def test_recv_into_writable_bodies() -> None:
+    decoder = FrameDecoder(writable_bodies=True)
+    (body,) = _read_into(decoder, encode_frame(b"x" * 100_000), [])
+    assert isinstance(body, memoryview) and not body.readonly and bytes(body) == b"x" * 100_000
+
+
+def test_recv_into_refuses_an_oversized_frame_from_its_header() -> None:
+    decoder = FrameDecoder(max_frame_bytes=1000)
+    tracemalloc.start()
+    try:
+        buffer = decoder.get_buffer(-1)
+        buffer[:8] = struct.pack("<I", 2**32 - 1) + b"abcd"
+        decoder.buffer_updated(8)
+        with pytest.raises(RemoteProtocolError) as err:
+            decoder.next_frame_view()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert err.value.code is ErrorCode.FRAME_TOO_LARGE
+    assert peak < 64 * 1024
+
+
+def test_large_declared_length_allocates_only_with_its_bytes() -> None:
+    """A 64 MiB header with a few KiB behind it costs a few KiB, not 64 MiB, until an eighth arrived."""
+    decoder = FrameDecoder()
+    tracemalloc.start()
+    try:
+        _read_into(decoder, struct.pack("<I", 64 << 20) + b"x" * 100_000, [])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert decoder.buffered_bytes == 100_004
+
+
+def test_a_limit_raised_after_a_frame_applies_to_the_frames_behind_it() -> None:
+    """The connection raises its limit once the hello is decoded; a big frame in the same read must pass."""
+    stream = encode_frame(b"hello") + encode_frame(b"y" * 5000)
+    for feed in (True, False):
+        decoder = FrameDecoder(max_frame_bytes=1000)
+        if feed:
+            decoder.feed(stream)
+        else:
+            decoder.get_buffer(-1)[: len(stream)] = stream
+            decoder.buffer_updated(len(stream))
+        assert decoder.next_frame() == b"hello"
+        decoder.max_frame_bytes = 10_000
+        assert decoder.next_frame() == b"y" * 5000

@@ -6,6 +6,7 @@ agent or tick shows up as a mismatch. Episode ends (final obs, infos) cross the 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,19 @@ class TaggedGame:
         )
         if self.tick and self.tick % 5 == 0:  # mover 0's episode ended on a marked observation
             terminated[0] = True
-            mover.final_index = np.array([0], np.int32)
-            mover.final_obs = {"obs": np.array([[self.tag, 0, -1]], np.float32)}
-            mover.infos = {0: {"is_success": True, "tag": self.tag}}
+            mover = replace(
+                mover,
+                final_index=np.array([0], np.int32),
+                final_obs={"obs": np.array([[self.tag, 0, -1]], np.float32)},
+                infos={0: {"is_success": True, "tag": self.tag}},
+            )
         if self.tick and self.tick % 7 == 0:
             truncated[1] = True
-            picker.final_index = np.array([1], np.int32)
-            picker.final_obs = {"obs": np.array([[self.tag, -1]], np.float32), "phase": np.array([0], np.int32)}
+            picker = replace(
+                picker,
+                final_index=np.array([1], np.int32),
+                final_obs={"obs": np.array([[self.tag, -1]], np.float32), "phase": np.array([0], np.int32)},
+            )
         return {"mover": mover, "picker": picker}
 
 

@@ -5,6 +5,7 @@ a hold closes the transition with its terminal observation; no action is ever in
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -74,8 +75,11 @@ def tick(
         for row, kind in (ended or {}).items():
             (data.terminated if kind == "terminated" else data.truncated)[row] = True
         if ended and final is not None:
-            data.final_index = np.array(sorted(ended), np.int32)
-            data.final_obs = {"obs": np.full((len(ended), 1), final, np.float32)}
+            data = replace(
+                data,
+                final_index=np.array(sorted(ended), np.int32),
+                final_obs={"obs": np.full((len(ended), 1), final, np.float32)},
+            )
         groups[p] = data
     return GameStep(tick, groups)
 

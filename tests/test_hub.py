@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -265,9 +265,12 @@ def test_final_observations_and_infos_are_remapped_to_env_rows() -> None:
     for i, g in enumerate(games):
         data = step_data(np.array([i * 10.0, i * 10.0 + 1]), 3)
         data.terminated[1] = True
-        data.final_index = np.array([1], np.int32)
-        data.final_obs = {"obs": np.full((1, 3), -i - 1, np.float32)}
-        data.infos = {1: {"who": i}}
+        data = replace(
+            data,
+            final_index=np.array([1], np.int32),
+            final_obs={"obs": np.full((1, 3), -i - 1, np.float32)},
+            infos={1: {"who": i}},
+        )
         hub.game_step(g, GameStep(0, {"red": data}))
     batch = t_link.last(Batch).data
     assert batch.final_index is not None and batch.final_obs is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -79,8 +80,7 @@ def serve_counter_game(address: str, stop: threading.Event) -> None:
                 truncs.append(trunc)
             data = StepData({"obs": np.stack(rows)}, np.array(rewards, np.float32), np.array(terms), np.array(truncs))
             if final_rows:
-                data.final_index = np.array(final_rows, np.int32)
-                data.final_obs = {"obs": np.stack(finals)}
+                data = replace(data, final_index=np.array(final_rows, np.int32), final_obs={"obs": np.stack(finals)})
     except BrokerError:
         pass
     finally:

@@ -1,7 +1,8 @@
 """numpy arrays on the wire: a map ``{"dtype": name, "shape": [...], "data": raw little-endian bytes}``.
 
-Decoding is ``np.frombuffer`` plus a reshape: no per-element Python work. Decoded arrays are read-only
-views of the received body; copy before writing to them.
+Decoding is ``np.frombuffer`` plus a reshape: no per-element Python work. Decoded arrays are views of
+the received frame (read-only, unless the receiver alone owns its frames: ``FrameDecoder(writable_bodies=True)``);
+copy a read-only one before writing to it.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def encode_array(array: np.ndarray) -> dict[str, Any]:
 def decode_array(obj: Any, what: str) -> np.ndarray:
     """Validate and view an encoded array. ``what`` names it in error messages.
 
-    The result is a read-only view of ``data``: no copy, no per-element work.
+    The result is a view of ``data``: no copy, no per-element work. It is read-only unless ``data`` is a
+    writable view of a frame its receiver alone owns (``FrameDecoder(writable_bodies=True)``).
     """
     if not isinstance(obj, dict):
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: expected an array map, got {type(obj).__name__}")
@@ -71,7 +73,7 @@ def decode_array(obj: Any, what: str) -> np.ndarray:
         if type(d) is not int or d < 0:  # type() is int: no bools, no floats
             raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: bad shape {summarize(shape)}")
         count *= d
-    if not isinstance(data, bytes):
+    if not isinstance(data, (bytes, memoryview)):  # memoryview: a view of the frame (codec.unpack_viewing_arrays)
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"{what}: data must be binary")
     expected = count * dtype.itemsize
     if len(data) != expected:

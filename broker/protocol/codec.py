@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any, Final
 
 import msgpack
+import msgspec
 
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, encode_frame
@@ -58,7 +59,7 @@ def encode_body(kind: BodyKind, obj: dict[str, Any]) -> bytes:
 
 def decode_body(kind: BodyKind, body: bytes | memoryview) -> dict[str, Any]:
     if kind is BodyKind.MSGPACK:
-        return unpack(body)
+        return unpack_viewing_arrays(body)
     if kind is BodyKind.GODOT:
         return _godot_codec().decode(body)
     return unpack_json(body)
@@ -126,6 +127,11 @@ def unpack(body: bytes | memoryview) -> dict[str, Any]:
     """
     if len(body) > MAX_FRAME_ELEMENTS:
         check_msgpack_bounds(body)
+    return _unpack_checked(body)
+
+
+def _unpack_checked(body: bytes | memoryview) -> dict[str, Any]:
+    """``unpack`` of a body whose bounds were checked already."""
     try:
         obj = msgpack.unpackb(body, raw=False, strict_map_key=False, use_list=True)
     except Exception as exc:  # msgpack raises several unrelated types for bad input
@@ -133,6 +139,117 @@ def unpack(body: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise RemoteProtocolError(ErrorCode.MALFORMED, f"message must be a map, got {type(obj).__name__}")
     return obj
+
+
+# --- the hot path: step, act, actions and batch with their arrays' data as views of the body -------------
+# msgpack-python copies every bin value out of the body; msgspec's typed decoder can instead give a
+# memoryview into it, which is what lets an array be a view of the frame it came in. These schemas only
+# parse: anything they do not match (a missing field, a key of another type, a bool for an int, a key no
+# message has, which msgspec would skip without checking its bytes ...) is decoded again the general way,
+# so every check and error text stays with the message table.
+
+
+class _ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
+    dtype: str
+    shape: list[int]
+    data: memoryview
+
+
+class _FinalWire(msgspec.Struct, forbid_unknown_fields=True):
+    index: _ArrayWire
+    obs: dict[str, _ArrayWire]
+
+
+class _StepDataWire(msgspec.Struct, forbid_unknown_fields=True):
+    obs: dict[str, _ArrayWire]
+    reward: _ArrayWire
+    terminated: _ArrayWire
+    truncated: _ArrayWire
+    final: _FinalWire | None = None
+    infos: Any = msgspec.UNSET
+    frames: _ArrayWire | msgspec.UnsetType = msgspec.UNSET
+
+
+class _StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fields=True):
+    tick: int
+    groups: dict[str, _StepDataWire]
+
+
+class _BatchWire(_StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
+    step: int | msgspec.UnsetType = msgspec.UNSET  # only a default may follow the fields with defaults
+
+
+class _ActWire(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
+    step: int
+    actions: dict[str, _ArrayWire]
+
+
+class _ActionsWire(msgspec.Struct, tag_field="type", tag="actions", forbid_unknown_fields=True):
+    tick: int
+    groups: dict[str, dict[str, _ArrayWire]]
+
+
+def _ext(code: int, data: memoryview) -> msgpack.ExtType:
+    return msgpack.ExtType(code, bytes(data))  # the type msgpack-python gives, so texts naming it agree
+
+
+_HOT_DECODER: Final = msgspec.msgpack.Decoder(_StepWire | _BatchWire | _ActWire | _ActionsWire, ext_hook=_ext)
+# How this package's encoders begin these messages (a map, then "type" first); other bodies go the general way.
+_HOT_PREFIXES: Final = tuple(b"\xa4type" + msgpack.packb(name) for name in ("step", "batch", "act", "actions"))
+
+
+def _array_map(a: _ArrayWire) -> dict[str, Any]:
+    return {"dtype": a.dtype, "shape": a.shape, "data": a.data}
+
+
+def _arrays_map(arrays: dict[str, _ArrayWire]) -> dict[str, Any]:
+    return {k: {"dtype": a.dtype, "shape": a.shape, "data": a.data} for k, a in arrays.items()}
+
+
+def _step_data_map(s: _StepDataWire, into: dict[str, Any]) -> dict[str, Any]:
+    into["obs"] = _arrays_map(s.obs)
+    into["reward"] = _array_map(s.reward)
+    into["terminated"] = _array_map(s.terminated)
+    into["truncated"] = _array_map(s.truncated)
+    if s.final is not None:
+        into["final"] = {"index": _array_map(s.final.index), "obs": _arrays_map(s.final.obs)}
+    if s.infos is not msgspec.UNSET:
+        into["infos"] = s.infos
+    if not isinstance(s.frames, msgspec.UnsetType):
+        into["frames"] = _array_map(s.frames)
+    return into
+
+
+def _hot_map(wire: Any) -> dict[str, Any]:
+    if isinstance(wire, _StepWire):
+        return {"type": "step", "tick": wire.tick, "groups": {k: _step_data_map(v, {}) for k, v in wire.groups.items()}}
+    if isinstance(wire, _BatchWire):
+        head: dict[str, Any] = {"type": "batch"}
+        if not isinstance(wire.step, msgspec.UnsetType):
+            head["step"] = wire.step
+        return _step_data_map(wire, head)
+    if isinstance(wire, _ActWire):
+        return {"type": "act", "step": wire.step, "actions": _arrays_map(wire.actions)}
+    return {"type": "actions", "tick": wire.tick, "groups": {k: _arrays_map(v) for k, v in wire.groups.items()}}
+
+
+# Below this a body is decoded the general way: copying a few KiB of array data costs less than the
+# typed decode and the map built from it.
+VIEW_MIN_BYTES: Final = 16 * 1024
+
+
+def unpack_viewing_arrays(body: bytes | memoryview) -> dict[str, Any]:
+    """``unpack``, but the arrays of a well-formed step, act, actions or batch of at least VIEW_MIN_BYTES
+    keep their data as views of ``body`` instead of copies (the map is otherwise the same). The body must
+    then stay unchanged for as long as those views live: frame bodies are never reused (``FrameDecoder``)."""
+    if len(body) < VIEW_MIN_BYTES or not bytes(body[1:14]).startswith(_HOT_PREFIXES):
+        return unpack(body)
+    if len(body) > MAX_FRAME_ELEMENTS:
+        check_msgpack_bounds(body)
+    try:
+        return _hot_map(_HOT_DECODER.decode(body))
+    except Exception:  # any refusal (msgspec raises several types): the general way says what is wrong
+        return _unpack_checked(body)
 
 
 def _msgpack_fixed_sizes() -> tuple[int, ...]:

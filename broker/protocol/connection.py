@@ -183,6 +183,13 @@ class BrokerConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._decoder.feed(data)
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where to read the next bytes into (asyncio BufferedProtocol); then ``buffer_updated``."""
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
+
     def next_event(self) -> Message | LegacyMessage | None:
         """Next message; raises RemoteProtocolError (and moves to CLOSED) on bad input."""
         if self.state is State.CLOSED:
@@ -236,14 +243,20 @@ class PeerConnection:
     """A game's or trainer's end: sends ``hello`` first, skips the greeting, expects ``welcome``."""
 
     def __init__(
-        self, hello: Hello, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, codec: BodyKind = BodyKind.MSGPACK
+        self,
+        hello: Hello,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        codec: BodyKind = BodyKind.MSGPACK,
+        writable_arrays: bool = False,
     ) -> None:
+        """``writable_arrays``: decoded arrays are writable views of their frame's own buffer, for a peer that
+        alone holds what it decodes (the trainer's VecEnv hands them to SB3 without a copy)."""
         if codec is BodyKind.JSON:
             raise ValueError("native peers speak msgpack or Godot Variant bodies")
         self.hello = hello
         self.codec = codec
         self.state = State.AWAIT_GREETING
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(max_frame_bytes, writable_bodies=writable_arrays)
         self._greeting_frames = 0
 
     def initial_bytes(self) -> bytes:
@@ -251,6 +264,13 @@ class PeerConnection:
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._decoder.feed(data)
+
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where to ``recv_into`` the next bytes; then ``buffer_updated``."""
+        return self._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
 
     def next_event(self) -> Message | None:
         while True:

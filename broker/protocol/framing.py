@@ -14,8 +14,15 @@ from broker.protocol.errors import ErrorCode, RemoteProtocolError
 
 HEADER: Final = struct.Struct("<I")
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+# What one read asks for while no frame body is open (headers and small frames). A larger body gets a
+# buffer of its own once its header is in; at most this much of it lands here first and is copied once.
+DEFAULT_READ_BYTES: Final = 8 * 1024
+# A body up to this size gets its buffer as soon as its header is in. A larger one only once an eighth of
+# it has arrived (what came before is kept as it came and copied once), so a header alone never makes
+# us allocate more than 8x what a peer has really sent.
+EAGER_BODY_BYTES: Final = 1 << 20
 
-Body = bytes | memoryview  # a frame body: a read-only view into received bytes when no copy was needed
+Body = bytes | memoryview  # a frame body: a view into received bytes or a frame's own buffer when no copy was needed
 
 
 def encode_frame(body: bytes | bytearray | memoryview) -> bytes:
@@ -24,25 +31,48 @@ def encode_frame(body: bytes | bytearray | memoryview) -> bytes:
 
 
 class FrameDecoder:
-    """Splits a byte stream into frame bodies.
+    """Splits a byte stream into frame bodies, sans-IO. Two ways in:
 
-    The declared length is checked against ``max_frame_bytes`` as soon as the 4 header bytes are in,
-    before the body arrives, so a hostile length never makes us buffer or allocate it.
+    * ``feed(data)``: bytes someone else read. A body lying inside one ``bytes`` chunk is handed out as a
+      zero-copy view of it; one spread over chunks is assembled once into its own buffer.
+    * ``get_buffer()`` / ``buffer_updated(n)`` (asyncio's BufferedProtocol, ``socket.recv_into``): the
+      reader receives straight into the decoder's memory. Once a frame's header says N, the frame gets a
+      fresh N-byte buffer and the reads fill it in place: no chunk joins, no copy of the body apart from
+      the few bytes that arrived with its header.
 
-    Received chunks are kept as they came (``bytes`` are immutable, so no copy is taken). A body spread over
-    several chunks is joined once into ``bytes``; one that lies inside a chunk is a ``memoryview`` of it
-    from ``next_frame_view`` (zero copy) and one copy from ``next_frame``.
+    A frame's own buffer is never reused, so the views handed out (and arrays decoded from them) stay
+    valid for as long as anyone holds them. They are read-only unless ``writable_bodies``: a client that
+    alone owns what it decodes may hand such arrays on without copying them.
+
+    The declared length is checked against ``max_frame_bytes`` when ``next_frame_view`` reaches the header
+    (so a limit raised after a hello applies to the frames behind it), before the body is allocated: a
+    hostile length never makes us buffer or allocate it.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        read_bytes: int = DEFAULT_READ_BYTES,
+        writable_bodies: bool = False,
+    ) -> None:
         self.max_frame_bytes = max_frame_bytes
-        self._chunks: deque[bytes] = deque()
-        self._offset = 0  # bytes of _chunks[0] already consumed
+        self.writable_bodies = writable_bodies
+        self._read_bytes = read_bytes
+        self._scratch: bytearray | None = None  # reused: nothing handed out points into it
+        self._ready: deque[Body] = deque()  # complete bodies, oldest first
+        self._head = bytearray()  # header bytes of the next frame, until there are 4
+        self._body: bytearray | None = None  # the open frame's own buffer
+        self._filled = 0  # bytes of _body received
+        self._length = 0  # of a large frame whose buffer is not allocated yet (0: none)
+        self._pieces: list[memoryview] = []  # its bytes so far, immutable
+        self._collected = 0
+        self._staging: bytearray | None = None  # the last get_buffer() while collecting
+        self._held: deque[memoryview] = deque()  # input waiting behind a header not yet accepted
         self._buffered = 0
-        self._body_length: int | None = None
 
     @property
     def buffered_bytes(self) -> int:
+        """Bytes received and not yet returned as frames (headers included)."""
         return self._buffered
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
@@ -50,53 +80,123 @@ class FrameDecoder:
             return
         # A caller may reuse a bytearray or memoryview after this call: keep only immutable bytes.
         chunk = data if type(data) is bytes else bytes(data)
-        self._chunks.append(chunk)
         self._buffered += len(chunk)
+        self._consume(memoryview(chunk), owned=True)
 
-    def _take(self, n: int) -> Body:
-        """Remove the next ``n`` buffered bytes (``n`` <= buffered): a view if they lie in one chunk."""
-        first = self._chunks[0]
-        start = self._offset
-        if len(first) - start >= n:
-            end = start + n
-            if end == len(first):
-                self._chunks.popleft()
-                self._offset = 0
-            else:
-                self._offset = end
-            self._buffered -= n
-            return first if start == 0 and end == len(first) else memoryview(first)[start:end]
-        parts = []
-        needed = n
-        while needed:
-            chunk = self._chunks[0]
-            available = len(chunk) - self._offset
-            if available <= needed:
-                parts.append(memoryview(chunk)[self._offset :])
-                self._chunks.popleft()
-                self._offset = 0
-                needed -= available
-            else:
-                parts.append(memoryview(chunk)[self._offset : self._offset + needed])
-                self._offset += needed
-                needed = 0
-        self._buffered -= n
-        return b"".join(parts)
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read should go: the open frame's remaining bytes, else a scratch area."""
+        if self._body is not None and not self._held:
+            return memoryview(self._body)[self._filled :]
+        if self._length and not self._held:  # reads grow with what has arrived (at most 2x of it)
+            size = min(max(self._read_bytes, self._collected), self._length - self._collected)
+            self._staging = bytearray(size)
+            return memoryview(self._staging)
+        if self._scratch is None:
+            self._scratch = bytearray(self._read_bytes)
+        return memoryview(self._scratch)
 
-    def _peek_header(self) -> int:
-        first = self._chunks[0]
-        if len(first) - self._offset >= HEADER.size:
-            return int(HEADER.unpack_from(first, self._offset)[0])
-        # The header is split over chunks (rare): merge whole chunks until it is in the first one.
-        parts = []
-        merged = 0
-        while merged < HEADER.size:
-            chunk = memoryview(self._chunks.popleft())[self._offset :]
-            self._offset = 0
-            parts.append(chunk)
-            merged += len(chunk)
-        self._chunks.appendleft(b"".join(parts))
-        return int(HEADER.unpack_from(self._chunks[0])[0])
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were written at the start of the last ``get_buffer()``."""
+        if nbytes <= 0:
+            return
+        self._buffered += nbytes
+        if self._body is not None and not self._held:
+            self._filled += nbytes
+            if self._filled == len(self._body):
+                self._finish_body()
+            return
+        staging, self._staging = self._staging, None
+        if staging is not None and self._length and not self._held:
+            self._collect(memoryview(staging)[:nbytes])
+            return
+        assert self._scratch is not None  # get_buffer() came first
+        self._consume(memoryview(self._scratch)[:nbytes], owned=False)
+
+    def _consume(self, view: memoryview, owned: bool) -> None:
+        """Split ``view`` into frames as far as headers already accepted allow. ``owned``: ``view`` is of
+        immutable bytes that may be handed out; else (the scratch) everything kept is copied."""
+        if self._held:
+            self._held.append(view if owned else memoryview(bytes(view)))
+            return
+        pos, size = 0, len(view)
+        while pos < size:
+            if self._length:
+                take = min(self._length - self._collected, size - pos)
+                piece = view[pos : pos + take]
+                self._collect(piece if owned else memoryview(bytes(piece)))
+                pos += take
+                continue
+            body = self._body
+            if body is not None:
+                take = min(len(body) - self._filled, size - pos)
+                body[self._filled : self._filled + take] = view[pos : pos + take]
+                self._filled += take
+                pos += take
+                if self._filled == len(body):
+                    self._finish_body()
+                continue
+            if not self._head and size - pos >= HEADER.size:  # the common case: a whole header in view
+                length = HEADER.unpack_from(view, pos)[0]
+                if self._ready or length > self.max_frame_bytes:
+                    self._head += view[pos : pos + HEADER.size]
+                pos += HEADER.size
+            else:
+                take = min(HEADER.size - len(self._head), size - pos)
+                self._head += view[pos : pos + take]
+                pos += take
+                if len(self._head) < HEADER.size:
+                    return
+                length = HEADER.unpack(self._head)[0]
+                if not (self._ready or length > self.max_frame_bytes):
+                    self._head.clear()
+            if self._ready or length > self.max_frame_bytes:
+                # Accepted only when next_frame_view reaches it, against the limit in force then.
+                rest = view[pos:]
+                if rest:
+                    self._held.append(rest if owned else memoryview(bytes(rest)))
+                return
+            left = size - pos
+            if length <= left:
+                piece = view[pos : pos + length]
+                self._ready.append(piece if owned else bytes(piece))
+                pos += length
+            else:
+                self._open_body(length)
+                rest = view[pos:]
+                if rest:
+                    self._consume(rest, owned)
+                return
+
+    def _open_body(self, length: int) -> None:
+        if length <= EAGER_BODY_BYTES:
+            self._body = bytearray(length)
+            self._filled = 0
+        else:
+            self._length = length
+
+    def _collect(self, piece: memoryview) -> None:
+        """Keep a piece of a large frame; allocate its buffer once an eighth of it is in."""
+        self._pieces.append(piece)
+        self._collected += len(piece)
+        if self._collected * 8 < self._length and self._collected < self._length:
+            return
+        body = self._body = bytearray(self._length)
+        filled = 0
+        for piece in self._pieces:
+            body[filled : filled + len(piece)] = piece
+            filled += len(piece)
+        self._filled = filled
+        self._length = self._collected = 0
+        self._pieces = []
+        if filled == len(body):
+            self._finish_body()
+
+    def _finish_body(self) -> None:
+        assert self._body is not None
+        body = memoryview(self._body)
+        self._ready.append(body if self.writable_bodies else body.toreadonly())
+        self._body = None
+        self._filled = 0
 
     def next_frame(self) -> bytes | None:
         """The next complete body as ``bytes`` (at most one copy), or None until more data arrives."""
@@ -104,33 +204,31 @@ class FrameDecoder:
         return body if body is None or type(body) is bytes else bytes(body)
 
     def next_frame_view(self) -> Body | None:
-        """The next complete body, or None until more data arrives: a zero-copy ``memoryview`` when the
-        body lies in one received chunk. Header bytes stay buffered until their whole frame is in."""
-        if self._body_length is None:
-            if self._buffered < HEADER.size:
-                return None
-            length = self._peek_header()
-            if length > self.max_frame_bytes:
-                raise RemoteProtocolError(
-                    ErrorCode.FRAME_TOO_LARGE,
-                    f"frame declares {length} bytes; the limit is {self.max_frame_bytes}",
-                )
-            self._body_length = length
-        length = self._body_length
-        end = HEADER.size + length
-        if self._buffered < end:
+        """The next complete body, or None until more data arrives: zero-copy where possible."""
+        if not self._ready and len(self._head) == HEADER.size:
+            self._accept_header()
+        if not self._ready:
             return None
-        self._body_length = None
-        first = self._chunks[0]
-        start = self._offset
-        if len(first) - start >= end:  # the common case: the whole frame in the first chunk
-            end += start
-            if end == len(first):
-                self._chunks.popleft()
-                self._offset = 0
-            else:
-                self._offset = end
-            self._buffered -= HEADER.size + length
-            return memoryview(first)[start + HEADER.size : end]
-        self._take(HEADER.size)
-        return self._take(length) if length else b""
+        body = self._ready.popleft()
+        self._buffered -= HEADER.size + len(body)
+        return body
+
+    def _accept_header(self) -> None:
+        """Take on the frame whose header waited (behind frames not yet returned, or over the limit)."""
+        length = HEADER.unpack(self._head)[0]
+        if length > self.max_frame_bytes:
+            raise RemoteProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"frame declares {length} bytes; the limit is {self.max_frame_bytes}",
+            )
+        self._head.clear()
+        if length == 0:
+            self._ready.append(b"")
+        else:
+            self._open_body(length)
+        held, self._held = self._held, deque()
+        while held:
+            self._consume(held.popleft(), owned=True)  # held pieces are immutable copies or fed bytes
+            if self._held:  # stopped at another header: keep the rest behind it
+                self._held.extend(held)
+                return

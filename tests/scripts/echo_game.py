@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 import numpy as np
 
@@ -63,8 +64,9 @@ def outcome(group: str, game: int, tick: int) -> StepData:
         ended if group == "blue" else np.zeros(n, bool),
     )
     if ended.any():
-        data.final_index = np.flatnonzero(ended).astype(np.int32)
-        data.final_obs = {k: v[data.final_index] for k, v in observe(group, game, tick, sign=-1.0).items()}
+        index = np.flatnonzero(ended).astype(np.int32)
+        finals = {k: v[index] for k, v in observe(group, game, tick, sign=-1.0).items()}
+        data = replace(data, final_index=index, final_obs=finals)
     return data
 
 

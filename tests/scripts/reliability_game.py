@@ -13,6 +13,7 @@ import argparse
 import signal
 import sys
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -69,8 +70,7 @@ class TaggedGame:
                 ended if policy == "picker" else np.zeros(n, np.bool_),
             )
             if ended.any():
-                data.final_index = np.flatnonzero(ended).astype(np.int32)
-                data.final_obs = {"obs": final_obs}
+                data = replace(data, final_index=np.flatnonzero(ended).astype(np.int32), final_obs={"obs": final_obs})
             self.episode_step[policy] += 1
             out[policy] = data
         return out

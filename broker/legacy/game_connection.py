@@ -44,6 +44,7 @@ from broker.protocol.connection import (
     Refused,
 )
 from broker.protocol.errors import ProtocolError, RemoteProtocolError
+from broker.protocol.gather import Buffer
 from broker.protocol.messages import Close, Error, GameActions, GameStep, Hello, Message, Welcome
 
 log = structlog.get_logger("gdrl.legacy")
@@ -86,6 +87,12 @@ class GodotRlGameConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._frames.receive_data(data)
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        return self._frames.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._frames.buffer_updated(nbytes)
+
     def next_event(self) -> Hello | GameStep | CallAnswered | Refused | Farewell | None:
         body = self._next_body()
         if body is None:
@@ -115,6 +122,9 @@ class GodotRlGameConnection:
         return self.game.actions_request(deferred)
 
     # --- to the game ------------------------------------------------------------------------------
+
+    def send_buffers(self, message: Message) -> list[Buffer]:
+        return [self.send(message)]  # JSON text: one buffer
 
     def send(self, message: Message) -> bytes:
         """What the hub says, in the plugin's words."""

@@ -27,6 +27,7 @@ from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame, pack_json, unpack_json
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from broker.protocol.gather import Buffer, frame_buffers
 from broker.protocol.messages import (
     Batch,
     Close,
@@ -131,6 +132,14 @@ class ServerConnection(Protocol):
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where to read the next bytes into (asyncio's BufferedProtocol): the frame's own buffer."""
+        ...
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were read into the last ``get_buffer``."""
+        ...
+
     def next_event(self) -> Message | ConnectionEvent | None:
         """The next message for the hub (or a connection event), or None until more bytes arrive.
         Raises ProtocolError when the stream itself is broken."""
@@ -138,6 +147,10 @@ class ServerConnection(Protocol):
 
     def send(self, message: Message) -> bytes:
         """The bytes that carry a hub message to the peer (maybe none). Raises CannotSend."""
+        ...
+
+    def send_buffers(self, message: Message) -> list[Buffer]:
+        """The same bytes as buffers for one gather write: large read-only arrays are not copied."""
         ...
 
     def last_word(self, message: Error | Close) -> bytes:
@@ -229,6 +242,11 @@ class BrokerConnection:
         if self.state is State.LEGACY:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
         return encode_message_frame(self.codec, message.to_wire())
+
+    def send_buffers(self, message: Message) -> list[Buffer]:
+        if self.state is State.LEGACY:
+            raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
+        return frame_buffers(self.codec, message)
 
     def last_word(self, message: Error | Close) -> bytes:
         if self.state is State.LEGACY:  # a godot_rl game knows no error frame

@@ -41,6 +41,7 @@ import numpy as np
 
 from benchmarks.configs import ACTION_KEY, ACTION_SIZE, HORIZON, IMAGE_KEY, IMAGE_SHAPE, BenchConfig
 from benchmarks.counting import CountingSocket, WireReport
+from benchmarks.raw import FrameReader
 
 HEADER: Final = struct.Struct("<I")
 # godot_rl's json.dumps keeps insertion order with its default separators: the type comes first.
@@ -157,8 +158,7 @@ class Session:
         self.sock = sock
         self.spec = spec
         self.check_actions = check_actions
-        self.buffer = bytearray(1 << 16)
-        self.header = bytearray(HEADER.size)
+        self.reader = FrameReader(self.sock)
         obs = spec.obs_text()
         self.obs = memoryview(obs)
         # Each reply is [header + '{"type":...,"obs":', obs, tail]: three buffers, one sendmsg.
@@ -179,22 +179,11 @@ class Session:
 
     # --- reading ----------------------------------------------------------------------------------
 
-    def _fill(self, view: memoryview) -> None:
-        got = 0
-        while got < len(view):
-            n = self.sock.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("godot_rl closed the connection")
-            got += n
-
     def read_frame(self) -> memoryview:
-        self._fill(memoryview(self.header))
-        (length,) = HEADER.unpack(self.header)
-        if length > len(self.buffer):
-            self.buffer = bytearray(max(length, 2 * len(self.buffer)))
-        view = memoryview(self.buffer)[:length]
-        self._fill(view)
-        return view
+        try:
+            return self.reader.read_frame()
+        except ConnectionError:
+            raise ConnectionError("godot_rl closed the connection") from None
 
     def read_json(self) -> dict[str, Any]:
         message = json.loads(bytes(self.read_frame()).decode("ascii"))

@@ -112,14 +112,18 @@ class FrameReader:
                 raise ConnectionError("peer closed the connection")
             got += n
 
-    def read(self) -> Any:
+    def read_frame(self) -> memoryview:
+        """The next frame's body, a view of the buffer (valid until the next read)."""
         self._fill(memoryview(self.header))
         (length,) = HEADER.unpack(self.header)
         if length > len(self.buffer):
             self.buffer = bytearray(max(length, 2 * len(self.buffer)))
         view = memoryview(self.buffer)[:length]
         self._fill(view)
-        return msgpack.unpackb(view, raw=False, strict_map_key=False)
+        return view
+
+    def read(self) -> Any:
+        return msgpack.unpackb(self.read_frame(), raw=False, strict_map_key=False)
 
 
 def _view(wire: dict[str, Any]) -> np.ndarray:

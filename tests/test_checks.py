@@ -3,6 +3,7 @@ texts a peer is told, and, fuzzed, that nothing but RemoteProtocolError ever esc
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,9 +48,7 @@ def test_step_refusals_name_the_game_group_and_what_is_wrong() -> None:
         wrong.message
         == "game 0 (g), group 'red' obs.obs: expected float32 of shape [2, 3], got float32 of shape [2, 4]"
     )
-    final = rows(2, 3)
-    final.final_index = np.array([1], np.int32)
-    final.final_obs = {"obs": np.zeros((1, 2), np.float32)}
+    final = replace(rows(2, 3), final_index=np.array([1], np.int32), final_obs={"obs": np.zeros((1, 2), np.float32)})
     bad_final = refusal(check_step, GameStep(0, {"red": final, "blue": rows(1, 1)}), GROUPS, "game 0 (g)")
     assert bad_final.message.startswith("game 0 (g), group 'red' final obs.obs: expected float32 of shape [1, 3]")
 
@@ -105,11 +104,21 @@ def test_fuzzed_steps_pass_or_are_refused_with_bad_step(groups: dict[str, np.nda
         n = len(obs)
         data = StepData({"obs": obs}, np.zeros(n, np.float32), np.zeros(n, np.bool_), np.zeros(n, np.bool_))
         if final_rows >= 0:
-            data.final_index = np.arange(final_rows, dtype=np.int32)
-            data.final_obs = {"obs": obs[:final_rows]}
+            try:
+                data = replace(
+                    data, final_index=np.arange(final_rows, dtype=np.int32), final_obs={"obs": obs[:final_rows]}
+                )
+            except RemoteProtocolError as exc:  # rows that disagree are refused on construction already
+                assert exc.code in (ErrorCode.BAD_STEP, ErrorCode.MALFORMED), exc
+                return
         step[name] = data
     try:
-        check_step(GameStep(0, step), GROUPS, "game 0 (g)")
+        built = GameStep(0, step)
+    except RemoteProtocolError as exc:  # no groups at all: refused on construction already
+        assert exc.code is ErrorCode.MALFORMED and not step, exc
+        return
+    try:
+        check_step(built, GROUPS, "game 0 (g)")
     except RemoteProtocolError as exc:
         assert exc.code is ErrorCode.BAD_STEP and exc.message.startswith("game 0 (g)")
 

@@ -53,7 +53,8 @@ from broker.protocol.messages import (
 )
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, GroupSpec, PolicySpaces
 from broker.server.config import ServerConfig
-from broker.server.server import BrokerServer, PeerProtocol
+from broker.server.peer import PeerProtocol
+from broker.server.server import BrokerServer
 from tests.hub_driver import LinkHub as Hub
 
 GOOD = PolicySpaces((("obs", BoxSpace((3,), "float32", -5.0, 5.0)),), (("pick", DiscreteAction(3)),))

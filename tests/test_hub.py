@@ -345,8 +345,8 @@ def test_an_undeliverable_batch_goes_again_without_its_infos_then_the_trainer_is
     hub.handle(g, game_hello(n_red=0, n_blue=2))
     hub.handle(t, trainer_hello("blue"))
     hub.handle(t, TrainerReset())
-    step = game_step(0, 0, n_red=0, n_blue=2)
-    step.groups["blue"].infos = {1: {"big": 10**30}}
+    plain = game_step(0, 0, n_red=0, n_blue=2)
+    step = GameStep(0, {**plain.groups, "blue": replace(plain.groups["blue"], infos={1: {"big": 10**30}})})
     sent = hub.handle(g, step)[0]
     assert isinstance(sent, Send) and isinstance(sent.message, Batch)
     assert hub.batch_undeliverable(t, sent.message.step + 1, lambda value: False) == []  # not the open batch

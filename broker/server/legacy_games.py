@@ -12,7 +12,8 @@ from broker.legacy.game_connection import GodotRlGameConnection
 from broker.legacy.godot_rl_game import CallResult
 
 if TYPE_CHECKING:
-    from broker.server.server import BrokerServer, PeerProtocol
+    from broker.server.peer import PeerProtocol
+    from broker.server.server import BrokerServer
 
 
 def is_loopback(transport: asyncio.BaseTransport) -> bool:

@@ -132,14 +132,6 @@ class ServerConnection(Protocol):
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
 
-    def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where to read the next bytes into (asyncio's BufferedProtocol): the frame's own buffer."""
-        ...
-
-    def buffer_updated(self, nbytes: int) -> None:
-        """``nbytes`` were read into the last ``get_buffer``."""
-        ...
-
     def next_event(self) -> Message | ConnectionEvent | None:
         """The next message for the hub (or a connection event), or None until more bytes arrive.
         Raises ProtocolError when the stream itself is broken."""

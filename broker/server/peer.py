@@ -66,7 +66,7 @@ class Link(Protocol):
     def close(self, error: Error | Close | None = None) -> None: ...
 
 
-class PeerProtocol(asyncio.BufferedProtocol):
+class PeerProtocol(asyncio.Protocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.hub = server.hub
@@ -106,18 +106,11 @@ class PeerProtocol(asyncio.BufferedProtocol):
         self._hello_timer = self._loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.connection.get_buffer(sizehint)  # the frame's own buffer: no chunk joins
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.connection.buffer_updated(nbytes)
-        self._received()
-
-    def data_received(self, data: bytes) -> None:  # a plain Protocol's way in (tests drive it so)
+    # A plain Protocol, not a BufferedProtocol: reading into each frame's own buffer (get_buffer /
+    # buffer_updated) saves the join of a large frame's chunks but costs more Python per read; measured
+    # slower at every size (docs/performance.md, "Copies per observation byte").
+    def data_received(self, data: bytes) -> None:
         self.connection.receive_data(data)
-        self._received()
-
-    def _received(self) -> None:
         if self.connection.buffered_bytes >= LARGE_FRAME_BYTES:
             self.large_frames = True
         frames = 0

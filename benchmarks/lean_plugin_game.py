@@ -41,7 +41,7 @@ import numpy as np
 
 from benchmarks.configs import ACTION_KEY, ACTION_SIZE, HORIZON, IMAGE_KEY, IMAGE_SHAPE, BenchConfig
 from benchmarks.counting import CountingSocket, WireReport
-from benchmarks.raw import FrameReader
+from benchmarks.raw import FrameReader, send_parts
 
 HEADER: Final = struct.Struct("<I")
 # godot_rl's json.dumps keeps insertion order with its default separators: the type comes first.
@@ -240,18 +240,6 @@ class Session:
         phase = self.tick % HORIZON
         send_parts(self.sock, [self.step_heads[phase], self.obs, self.step_tails[phase]])
         return True
-
-
-def send_parts(sock: Any, parts: list[memoryview]) -> None:
-    """One gather write per frame, repeated only if the kernel took part of it."""
-    while parts:
-        sent = sock.sendmsg(parts)
-        while sent:
-            if sent >= len(parts[0]):
-                sent -= len(parts.pop(0))
-            else:
-                parts[0] = parts[0][sent:]
-                sent = 0
 
 
 def connect(port: int, timeout: float) -> socket.socket:

@@ -39,6 +39,8 @@ def configure_logging(json_lines: bool = False, level: str = "info") -> None:
             *renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line (print writes the newline apart): game copies launched with --env-path share
+        # this stream, and their output must not land inside a log line.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )

@@ -122,3 +122,21 @@ def test_only_read_only_arrays_are_referenced_by_default() -> None:
     writable = frame_buffers(BodyKind.MSGPACK, Batch(1, data))
     assert not any(isinstance(p, memoryview) for p in writable)
     assert _joined(parts) == _joined(writable) == encode_message_frame(BodyKind.MSGPACK, message.to_wire())
+
+
+def test_a_batch_stacked_from_several_games_goes_out_by_reference() -> None:
+    """The hub's concatenated observations are read-only, so the server's gather write sends them from their
+    own memory: the stack is the one user-space copy the broker makes of them (issue 18's copy count)."""
+    from broker.core.batching import concatenate_rows
+    from broker.protocol.spaces import BoxSpace, ContinuousAction, PolicySpaces
+
+    spaces = PolicySpaces((("obs", BoxSpace((64,), "float32", -1, 1)), ("img", BoxSpace((9,), "uint8", 0, 255))),
+                          (("move", ContinuousAction(2)),))  # fmt: skip
+    parts = [_data(200, 64), _data(200, 64)]
+    parts = [replace(p, final_obs={**p.final_obs, "img": p.obs["img"][:1]}) for p in parts]  # type: ignore[dict-item]
+    batch = concatenate_rows(parts, [0, 200], spaces)
+    assert not batch.obs["obs"].flags.writeable and not batch.final_obs["obs"].flags.writeable  # type: ignore[index]
+    buffers = frame_buffers(BodyKind.MSGPACK, Batch(1, batch))
+    referenced = [p for p in buffers if isinstance(p, memoryview)]
+    assert any(np.shares_memory(np.frombuffer(p, np.uint8), batch.obs["obs"]) for p in referenced)
+    assert _joined(buffers) == encode_message_frame(BodyKind.MSGPACK, Batch(1, batch).to_wire())

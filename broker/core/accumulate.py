@@ -22,25 +22,46 @@ from broker.protocol.spaces import GroupSpec
 
 
 class SlotAccumulator:
+    """The ticks of one slot since its last delivery. A slot that gets one tick per delivery (barrier and
+    strict stepping, and most hold-mode ticks) keeps that tick as it came: the arrays are copied into
+    accumulators only when a second tick arrives, or when the tick needs work (see ``_as_is``)."""
+
     def __init__(self, first: StepData) -> None:
-        n = first.n_rows
+        self._first: StepData | None = first if _as_is(first) else None
+        if self._first is None:
+            self._open(first)
+        self.last_tick = -1  # the game tick merged last (set by the hub)
+
+    def _open(self, first: StepData) -> None:
+        """Start accumulating from ``first``: the arrays become this slot's own."""
+        self._first = None
         self.obs = first.obs
         self.reward = np.array(first.reward, dtype=np.float32, copy=True)
         self.terminated = np.array(first.terminated, dtype=np.bool_, copy=True)
         self.truncated = np.array(first.truncated & ~first.terminated, dtype=np.bool_, copy=True)
-        self.frames = np.ones(n, np.int32)
+        self.frames = np.ones(first.n_rows, np.int32)
         self.infos: dict[int, dict[str, Any]] = {row: dict(info) for row, info in first.infos.items()}
         # Final observations stay sparse: (rows, obs of those rows) per tick that ended episodes.
         self._finals: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
         self._store_finals(first, self.closed)
-        self.last_tick = -1  # the game tick merged last (set by the hub)
 
     @property
     def closed(self) -> np.ndarray:
         """Rows whose transition has ended with their episode."""
+        if self._first is not None:
+            return self._first.terminated | self._first.truncated
         return self.terminated | self.truncated
 
+    def mark_not_applied(self, rows: list[int]) -> None:
+        """Say in these rows' infos that the actions answering them were not applied (their episode ended)."""
+        if self._first is not None:
+            self._open(self._first)
+        for row in rows:
+            self.infos.setdefault(row, {})["action_applied"] = False
+
     def merge(self, step: StepData) -> None:
+        if self._first is not None:
+            self._open(self._first)
         open_rows = ~self.closed
         self.reward[open_rows] += step.reward[open_rows]
         self.frames[open_rows] += 1
@@ -72,6 +93,13 @@ class SlotAccumulator:
             self._finals.append((missing, {k: v[missing] for k, v in step.obs.items()}))
 
     def step_data(self, with_frames: bool) -> StepData:
+        first = self._first
+        if first is not None:
+            frames = np.ones(first.n_rows, np.int32) if with_frames else None
+            return StepData.unchecked(
+                first.obs, first.reward, first.terminated, first.truncated, first.final_index, first.final_obs,
+                first.infos, frames,
+            )  # fmt: skip
         final_index = final_obs = None
         if len(self._finals) == 1:
             final_index, final_obs = self._finals[0]
@@ -81,7 +109,7 @@ class SlotAccumulator:
             final_index = index[order].astype(np.int32)
             keys = self._finals[0][1]
             final_obs = {k: np.concatenate([obs[k] for _, obs in self._finals])[order] for k in keys}
-        return StepData(
+        return StepData.unchecked(
             self.obs,
             self.reward,
             self.terminated,
@@ -93,12 +121,24 @@ class SlotAccumulator:
         )
 
 
+def _as_is(step: StepData) -> bool:
+    """``step`` can be delivered unchanged as a one-tick accumulation: no row both terminated and truncated,
+    and every ended row's final observation given by the game (exactly those rows)."""
+    ended = step.terminated | step.truncated
+    if not ended.any():
+        return step.final_index is None or len(step.final_index) == 0  # an empty or absent final block
+    index = step.final_index
+    if index is None or step.final_obs is None or (step.terminated & step.truncated).any():
+        return False
+    return len(index) == np.count_nonzero(ended) and bool(ended[index].all())
+
+
 def replaced_game_step(last_obs: dict[str, np.ndarray], start: int, data: StepData) -> StepData:
     """A game's first step in a slot the trainer already saw: the old episodes end truncated, with the
     last observation the trainer saw of that slot (rows from ``start``) as their final observation."""
     n = data.n_rows
     final_obs = {k: v[start : start + n] for k, v in last_obs.items()}
-    return StepData(
+    return StepData.unchecked(
         data.obs,
         np.zeros(n, np.float32),
         np.zeros(n, np.bool_),
@@ -121,6 +161,5 @@ def keep_ended_rows(
         return part
     stale = accumulator.closed
     previous = last or group.zero_actions()
-    for row in np.flatnonzero(stale).tolist():
-        accumulator.infos.setdefault(row, {})["action_applied"] = False
+    accumulator.mark_not_applied(np.flatnonzero(stale).tolist())
     return {k: np.where(stale.reshape(-1, *([1] * (v.ndim - 1))), previous[k], v) for k, v in part.items()}

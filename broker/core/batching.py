@@ -34,7 +34,7 @@ def drop_unencodable_infos(data: StepData, encodable: Callable[[Any], bool]) -> 
     """``data`` with every info that ``encodable`` refuses replaced by ``DROPPED_INFO``; and those rows."""
     rows = {row for row, info in data.infos.items() if not encodable(info)}
     infos = {row: (dict(DROPPED_INFO) if row in rows else info) for row, info in data.infos.items()}
-    kept = StepData(
+    kept = StepData.unchecked(
         data.obs,
         data.reward,
         data.terminated,
@@ -47,8 +47,16 @@ def drop_unencodable_infos(data: StepData, encodable: Callable[[Any], bool]) -> 
     return kept, sorted(rows)
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """Read-only, so that the server's gather write may send the memory by reference (an asyncio transport
+    can keep a buffer after ``write`` returns) instead of packing a copy: nothing changes a batch once built."""
+    array.flags.writeable = False
+    return array
+
+
 def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
-    """Stack the slots' rows into one batch: one copy per key, no per-agent work.
+    """Stack the slots' rows into one batch: one copy per key, no per-agent work. The parts were checked when
+    they came in, so the batch is built unchecked.
 
     A single slot is handed on as it is: its arrays are the accumulator's own (dropped after the batch) or
     the game's read-only wire views, so nothing aliases and copying them would only cost time.
@@ -56,7 +64,7 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
     if len(parts) == 1 and offsets[0] == 0:
         only = parts[0]
         frames = None if only.frames is None else only.frames.astype(np.int32, copy=False)
-        return StepData(
+        return StepData.unchecked(
             {key: only.obs[key] for key, _ in spaces.observation},
             only.reward,
             only.terminated,
@@ -66,7 +74,7 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
             dict(only.infos),
             frames,
         )
-    obs = {key: np.concatenate([p.obs[key] for p in parts]) for key, _ in spaces.observation}
+    obs = {key: _frozen(np.concatenate([p.obs[key] for p in parts])) for key, _ in spaces.observation}
     reward = np.concatenate([p.reward for p in parts])
     terminated = np.concatenate([p.terminated for p in parts])
     truncated = np.concatenate([p.truncated for p in parts])
@@ -81,6 +89,6 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
     final_index = final_obs = None
     if finals:
         final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
-        final_obs = {key: np.concatenate([f[1][key] for f in finals]) for key, _ in spaces.observation}
+        final_obs = {key: _frozen(np.concatenate([f[1][key] for f in finals])) for key, _ in spaces.observation}
     infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
-    return StepData(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)
+    return StepData.unchecked(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

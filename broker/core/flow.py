@@ -129,7 +129,7 @@ class Hub:
         log.error(
             "batch not encodable, infos dropped", policy=policy.name, trainer=peer.label, rows=rows[:16], games=games
         )
-        policy.open.batch = Batch(step, data)
+        policy.open.batch = Batch.unchecked(step, data)
         policy.open.infos_dropped = True
         return [Send(peer, policy.open.batch)]
 
@@ -250,7 +250,7 @@ class Hub:
             self.policies[name].metrics.held_ticks += 1
         game.state = advance(game.state, "reply")
         game.last_reply_at = self.clock()
-        self.out.append(Send(game.peer, GameActions(game.tick, groups)))
+        self.out.append(Send(game.peer, GameActions.unchecked(game.tick, groups)))  # checked actions, or zeros
         for name in groups:
             self.try_emit(self.policies[name])
 
@@ -285,7 +285,7 @@ class Hub:
         data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         now = self.clock()
-        batch = Batch(policy.step, data)
+        batch = Batch.unchecked(policy.step, data)  # rows checked as they came in
         policy.open = OpenBatch(batch, now, {s: self.slots[s].game for s in slots})  # type: ignore[misc]
         policy.last_obs = data.obs
         for s in slots:

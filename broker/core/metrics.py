@@ -65,10 +65,10 @@ class PolicyMetrics:
         if self.returns is None or len(self.returns) != n:
             self.returns = np.zeros(n, np.float64)
         self.returns += data.reward
-        ended = np.flatnonzero(data.terminated | data.truncated)
-        if len(ended):
+        ended = data.terminated | data.truncated
+        if ended.any():
             self.episodes.extend(self.returns[ended].tolist())
-            self.episode_count += len(ended)
+            self.episode_count += int(np.count_nonzero(ended))
             self.returns[ended] = 0.0
 
     def status(self, now: float, **state: Any) -> dict[str, Any]:

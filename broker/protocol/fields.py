@@ -100,48 +100,86 @@ class Field:
 
 
 class WireMessage:
-    """Generic construction check, ``to_wire`` and ``from_wire`` driven by the subclass's ``FIELDS``."""
+    """Construction check, ``to_wire``, ``from_wire`` and ``unchecked`` compiled from the subclass's ``FIELDS``.
+
+    Each is generated once per class (as dataclasses generates ``__init__``): straight-line code with one
+    statement per field, so the table costs nothing per message over a hand-written pair.
+    """
 
     __slots__ = ()
     TYPE: ClassVar[str]
     FIELDS: ClassVar[tuple[Field, ...]] = ()
 
-    def __post_init__(self) -> None:
-        what = self.TYPE
-        for f in self.FIELDS:
-            f.check(getattr(self, f.name), what, f.key)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _compile(cls)
 
-    def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {"type": self.TYPE}
-        for f in self.FIELDS:
-            if f.sent is not None and not f.sent(self):
-                continue
-            value = getattr(self, f.name)
-            if f.encode is not None:
-                value = f.encode(value)
-            if f.wire is None:
-                wire.update(value)
-            else:
-                wire[f.key] = value
-        return wire
+    def __post_init__(self) -> None:  # replaced per class by _compile
+        pass
+
+    def to_wire(self) -> dict[str, Any]:  # replaced per class by _compile
+        return {"type": self.TYPE}
 
     @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> Any:
-        what = cls.TYPE
-        message = object.__new__(cls)
-        for f in cls.FIELDS:
-            raw = obj if f.wire is None else obj.get(f.key, f.absent)
-            if f.decode is None:
-                f.check(raw, what, f.key)
-            else:
-                raw = f.decode(raw, what, f.key)
-            object.__setattr__(message, f.name, raw)  # checked (decoded) already: no second check
-        return message
+    def from_wire(cls, obj: dict[str, Any]) -> Any:  # replaced per class by _compile
+        return object.__new__(cls)
+
+    @classmethod
+    def unchecked(cls, *values: Any) -> Any:  # replaced per class by _compile
+        """Build from field values (in ``FIELDS`` order) that are already checked: the broker's own replies
+        and batches, made of what it decoded and checked. Skips the construction check."""
+        return object.__new__(cls)
 
     @classmethod
     def _trusted(cls, values: dict[str, Any]) -> Any:
-        """Build from values already checked, without checking them again."""
+        """Build from values already checked, by name, without checking them again."""
         message = object.__new__(cls)
         for name, value in values.items():
             object.__setattr__(message, name, value)
         return message
+
+
+def _compile(cls: type[WireMessage]) -> None:
+    """Generate ``cls``'s four table-driven methods as straight-line code (see WireMessage)."""
+    what = getattr(cls, "TYPE", "")
+    names: dict[str, Any] = {"_new": object.__new__, "_set": object.__setattr__, "_update": dict.update}
+    check, encode, decode, unchecked = [], [f"    wire = {{'type': {what!r}}}"], [], []
+    for i, f in enumerate(cls.FIELDS):
+        names[f"check{i}"], names[f"decode{i}"], names[f"encode{i}"] = f.check, f.decode, f.encode
+        names[f"sent{i}"], names[f"absent{i}"] = f.sent, f.absent
+        args = f"{what!r}, {f.key!r}"
+        check.append(f"    check{i}(self.{f.name}, {args})")
+        value = f"self.{f.name}" if f.encode is None else f"encode{i}(self.{f.name})"
+        put = f"_update(wire, {value})" if f.wire is None else f"wire[{f.key!r}] = {value}"
+        encode.append(f"    if sent{i}(self): {put}" if f.sent is not None else f"    {put}")
+        raw = "obj" if f.wire is None else f"obj.get({f.key!r}, absent{i})"
+        if f.decode is None:
+            decode += [f"    raw = {raw}", f"    check{i}(raw, {args})", f"    _set(message, {f.name!r}, raw)"]
+        else:
+            decode.append(f"    _set(message, {f.name!r}, decode{i}({raw}, {args}))")
+        unchecked.append(f"    _set(message, {f.name!r}, {f.name})")
+    fields = ", ".join(f.name for f in cls.FIELDS)
+    source = "\n".join(
+        [
+            "def __post_init__(self):",
+            *(check or ["    pass"]),
+            "def to_wire(self):",
+            *encode,
+            "    return wire",
+            "def from_wire(cls, obj):",
+            "    message = _new(cls)",
+            *decode,  # in table order, so the first bad field is the one reported
+            "    return message",
+            f"def unchecked(cls{', ' if fields else ''}{fields}):",
+            "    message = _new(cls)",
+            *unchecked,
+            "    return message",
+        ]
+    )
+    exec(source, names)  # our own generated source, as dataclasses does
+    for name in ("__post_init__", "to_wire"):
+        if name not in vars(cls):
+            setattr(cls, name, names[name])
+    for name in ("from_wire", "unchecked"):
+        if name not in vars(cls):  # a class may keep a hand-written from_wire (Hello's depends on the role)
+            setattr(cls, name, classmethod(names[name]))

@@ -21,6 +21,7 @@ from broker.protocol.limits import INT_MAX, INT_MIN, MAX_INFO_NESTING
 from broker.protocol.spaces import MAX_AGENTS, check_finite
 
 MAX_INFO_ENTRIES = MAX_AGENTS
+_new, _set = object.__new__, object.__setattr__
 
 
 def check_info(info: Any, what: str, code: ErrorCode = ErrorCode.BAD_STEP) -> None:
@@ -114,6 +115,31 @@ class StepData:
         if frames is not None and (not isinstance(frames, np.ndarray) or frames.shape != rows):
             raise malformed(f"{what}.frames must be an int32 array of shape [{n}]")
 
+    @classmethod
+    def unchecked(
+        cls,
+        obs: dict[str, np.ndarray],
+        reward: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+        final_index: np.ndarray | None = None,
+        final_obs: dict[str, np.ndarray] | None = None,
+        infos: dict[int, dict[str, Any]] | None = None,
+        frames: np.ndarray | None = None,
+    ) -> StepData:
+        """Build from parts already checked (decoded from the wire, or cut and stacked from such data by the
+        hub), without the construction check: the per-step path builds several of these per step."""
+        data = _new(cls)
+        _set(data, "obs", obs)
+        _set(data, "reward", reward)
+        _set(data, "terminated", terminated)
+        _set(data, "truncated", truncated)
+        _set(data, "final_index", final_index)
+        _set(data, "final_obs", final_obs)
+        _set(data, "infos", {} if infos is None else infos)
+        _set(data, "frames", frames)
+        return data
+
     @property
     def n_rows(self) -> int:
         return int(self.reward.shape[0])
@@ -177,16 +203,5 @@ class StepData:
             frames = decode_array(obj["frames"], f"{what}.frames")
             if frames.shape != (n,) or frames.dtype != np.int32:
                 raise malformed(f"{what}.frames must be an int32 array of shape [{n}]")
-        data = object.__new__(cls)  # every check above is stricter than __post_init__'s
-        for name, value in (
-            ("obs", obs),
-            ("reward", reward),
-            ("terminated", terminated),
-            ("truncated", truncated),
-            ("final_index", final_index),
-            ("final_obs", final_obs),
-            ("infos", infos),
-            ("frames", frames),
-        ):
-            object.__setattr__(data, name, value)
-        return data
+        # every check above is stricter than __post_init__'s
+        return cls.unchecked(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

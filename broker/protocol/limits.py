@@ -25,3 +25,4 @@ MAX_JSON_INT_DIGITS: Final = 20
 # Nesting inside one agent's info map (the map is level 1). An info sits 3 levels deep in a batch, so this
 # keeps a forwarded batch within MAX_NESTING with room to spare.
 MAX_INFO_NESTING: Final = 16
+MAX_GROUPS: Final = 64  # agent groups (policies) in one game

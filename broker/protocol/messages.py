@@ -12,11 +12,10 @@ form would get, with the same code.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, get_args
 
 import numpy as np
 
-from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.fields import (
     Field,
@@ -30,7 +29,9 @@ from broker.protocol.fields import (
     is_int,
     malformed,
 )
-from broker.protocol.spaces import MAX_NAME, GroupSpec, PolicySpaces
+from broker.protocol.hello import Hello
+from broker.protocol.limits import MAX_GROUPS
+from broker.protocol.spaces import PolicySpaces
 from broker.protocol.stepdata import MAX_INFO_ENTRIES, StepData, check_info
 from broker.protocol.stepping import (
     DEFAULT_HOLD_DEADLINE_MS,
@@ -73,8 +74,6 @@ __all__ = [
     "message_from_wire",
 ]
 
-MAX_GROUPS = 64
-
 
 # --- messages ---------------------------------------------------------------------------------------
 
@@ -91,106 +90,6 @@ def _step_groups(value: Any, what: str, key: str) -> None:
     for name, data in value.items():
         if type(name) is not str or not isinstance(data, StepData):
             raise malformed(f"step.groups: entry {summarize(name)} must map a policy name to step data")
-
-
-def _bad_hello(message: str) -> RemoteProtocolError:
-    return RemoteProtocolError(ErrorCode.BAD_HELLO, message)
-
-
-def _role(value: Any, what: str, key: str) -> None:
-    if value not in ("game", "trainer", "observer"):
-        raise _bad_hello(f"hello.role must be 'game', 'trainer' or 'observer', got {summarize(value)}")
-
-
-def _protocol(value: Any, what: str, key: str) -> None:
-    if not is_int(value):
-        raise RemoteProtocolError(
-            ErrorCode.VERSION_MISMATCH,
-            f"peer speaks protocol {summarize(value)}, this broker speaks {PROTOCOL_VERSION}",
-        )
-
-
-def _token(value: Any, what: str, key: str) -> None:
-    if value is not None and not isinstance(value, str):
-        raise _bad_hello("hello.token must be a string")
-
-
-def _group_specs(value: Any, what: str, key: str) -> None:
-    if not isinstance(value, tuple) or not all(isinstance(g, GroupSpec) for g in value):
-        raise _bad_hello("hello.groups must be a tuple of GroupSpec")
-
-
-def _policy_name(value: Any, what: str, key: str) -> None:
-    if not isinstance(value, str) or len(value) > MAX_NAME:
-        raise _bad_hello("hello.policy must be a non-empty string")
-
-
-def _stepping(value: Any, what: str, key: str) -> None:
-    if value is not None and not isinstance(value, StepOptions):
-        raise _bad_hello("hello.stepping must be StepOptions")
-
-
-@dataclass(frozen=True, slots=True)
-class Hello(WireMessage):
-    """First message of every native peer: a game, a trainer, or an observer asking for status."""
-
-    TYPE: ClassVar[str] = "hello"
-    FIELDS: ClassVar[tuple[Field, ...]] = (
-        Field("protocol", _protocol),
-        Field("role", _role),
-        Field("name", check_text),
-        Field("token", _token, sent=lambda m: m.token is not None),
-        Field("groups", _group_specs, encode=lambda gs: [g.to_wire() for g in gs], sent=lambda m: m.role == "game"),
-        Field("policy", _policy_name, sent=lambda m: m.role == "trainer"),
-        Field(
-            "stepping",
-            _stepping,
-            encode=lambda s: s.to_wire(),
-            sent=lambda m: m.role == "trainer" and m.stepping is not None,
-        ),
-    )
-    role: Literal["game", "trainer", "observer"]
-    protocol: int
-    name: str = ""
-    token: str | None = None
-    groups: tuple[GroupSpec, ...] = ()  # games only
-    policy: str = ""  # trainers only
-    stepping: StepOptions | None = None  # trainers only; None: the broker's defaults
-
-    @classmethod
-    def from_wire(cls, obj: dict[str, Any]) -> Hello:
-        """Role-dependent: the fields a role does not use are ignored, as they always were."""
-        protocol = obj.get("protocol")
-        if protocol != PROTOCOL_VERSION or isinstance(protocol, bool):  # first: whatever else a hello holds
-            raise RemoteProtocolError(
-                ErrorCode.VERSION_MISMATCH,
-                f"peer speaks protocol {summarize(protocol)}, this broker speaks {PROTOCOL_VERSION}",
-            )
-        role = obj.get("role")
-        name = obj.get("name", "")
-        check_text(name, "hello", "name")
-        token = obj.get("token")
-        _token(token, "hello", "token")
-        values: dict[str, Any] = {"role": role, "protocol": PROTOCOL_VERSION, "name": name, "token": token}
-        if role == "game":
-            groups = obj.get("groups")
-            if not isinstance(groups, list) or not 1 <= len(groups) <= MAX_GROUPS:
-                raise _bad_hello(f"hello.groups must list 1 to {MAX_GROUPS} groups")
-            specs = tuple(GroupSpec.from_wire(g, f"hello.groups[{i}]") for i, g in enumerate(groups))
-            names = [g.policy for g in specs]
-            if len(set(names)) != len(names):
-                twice = sorted({n for n in names if names.count(n) > 1})[:3]
-                raise _bad_hello(f"hello.groups names a policy twice: {twice}")
-            return cls._trusted({**values, "groups": specs, "policy": "", "stepping": None})
-        if role == "trainer":
-            policy = obj.get("policy")
-            if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
-                raise _bad_hello("hello.policy must be a non-empty string")
-            stepping = obj.get("stepping")
-            options = None if stepping is None else StepOptions.from_wire(stepping)
-            return cls._trusted({**values, "groups": (), "policy": policy, "stepping": options})
-        _role(role, "hello", "role")
-        return cls._trusted({**values, "groups": (), "policy": "", "stepping": None})
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,23 +312,7 @@ Message = (
     | Close
 )
 
-MESSAGE_TYPES: dict[str, Any] = {
-    cls.TYPE: cls
-    for cls in (
-        Hello,
-        GameStep,
-        TrainerReset,
-        TrainerAct,
-        Welcome,
-        GameActions,
-        PolicyInfo,
-        Batch,
-        Waiting,
-        Status,
-        Error,
-        Close,
-    )
-}
+MESSAGE_TYPES: dict[str, Any] = {cls.TYPE: cls for cls in get_args(Message)}
 
 
 def message_from_wire(obj: dict[str, Any]) -> Message:

@@ -12,6 +12,7 @@ import os
 from typing import TypeAlias
 
 from broker.log import configure_logging
+from broker.protocol import TOKEN_ENV
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 from broker.server.config import ServerConfig
 from broker.server.daemon import run_daemon
@@ -43,8 +44,8 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--token",
-        default=os.environ.get("GDRL_BROKER_TOKEN"),
-        help="shared token every hello must carry (env GDRL_BROKER_TOKEN); required off loopback",
+        default=os.environ.get(TOKEN_ENV),
+        help=f"shared token every hello must carry (env {TOKEN_ENV}); required off loopback",
     )
     parser.add_argument(
         "--token-file",

@@ -9,7 +9,7 @@ import os
 import sys
 
 from broker import cli as broker_cli
-from broker.protocol import DEFAULT_ADDRESS
+from broker.protocol import DEFAULT_ADDRESS, TOKEN_ENV
 from broker.status import prometheus_text
 from clients import demo, sim_game, status
 
@@ -45,9 +45,7 @@ def _add_status_command(commands: broker_cli.Subcommands) -> None:
         epilog=status.COLUMNS,
     )
     parser.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
-    parser.add_argument(
-        "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
-    )
+    parser.add_argument("--token", default=os.environ.get(TOKEN_ENV), help=f"shared token (env {TOKEN_ENV})")
     parser.add_argument("--token-file", default=None, metavar="PATH", help="read the token from this file")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")

@@ -12,7 +12,14 @@ from broker.protocol.codec import BodyKind
 from broker.protocol.messages import GameActions, GameStep, Hello, Message, StepData
 from broker.protocol.spaces import GroupSpec
 from clients.errors import BrokerError
-from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, BrokerGoneError, PeerSocket, default_name
+from clients.transport import (
+    DEFAULT_TIMEOUT_RECONNECT,
+    Address,
+    BrokerGoneError,
+    PeerSocket,
+    default_name,
+    default_token,
+)
 
 log = structlog.get_logger("gdrl.game")
 
@@ -47,6 +54,7 @@ class GameClient:
         self.reconnects = 0
         self.closed_by_caller = False  # close() from another thread must not look like a lost broker
         self.groups = {g.policy: g for g in groups}
+        token = default_token(token)
         hello = Hello("game", PROTOCOL_VERSION, name or default_name("game"), token, groups=tuple(groups))
         self.socket = PeerSocket(address, hello, timeout_connect=timeout_connect, codec=codec)
         self.game_index = self.socket.welcome.game_index

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from broker.protocol import DEFAULT_ADDRESS
+from broker.protocol import DEFAULT_ADDRESS, TOKEN_ENV
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 
 DEFAULT_TIMESTEPS = 100_000
@@ -73,7 +73,7 @@ class TrainOptions:
     # broker
     policy: str = _flag("broker", help="policy (agent group) name to train", required=True)
     broker: str = _flag("broker", DEFAULT_ADDRESS, "broker address: host:port or unix:/path")
-    token: str | None = _flag("broker", help="shared token, if the broker requires one")
+    token: str | None = _flag("broker", help=f"shared token, if the broker requires one (default: env {TOKEN_ENV})")
     connect_timeout: float = _flag("broker", 60.0, "seconds to keep trying to connect", type=float)
     stepping: str | None = _flag(
         "broker",

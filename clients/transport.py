@@ -11,7 +11,7 @@ from typing import Final
 
 import structlog
 
-from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
+from broker.protocol import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
 from broker.protocol.codec import BodyKind
 from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
@@ -317,6 +317,11 @@ def _log_retrying(address: Address, exc: OSError, waited: float, left: float) ->
         gives_up_in_s=round(left),
         hint=START_BROKER_HINT,
     )
+
+
+def default_token(token: str | None) -> str | None:
+    """``token``, else the shared token from the environment (TOKEN_ENV), as `serve` and `status` read it."""
+    return token if token is not None else os.environ.get(TOKEN_ENV)
 
 
 def default_name(kind: str) -> str:

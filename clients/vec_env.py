@@ -22,7 +22,7 @@ from broker.protocol.errors import ErrorCode
 from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
 from clients.errors import BrokerError
 from clients.spaces import ActionCodec, convert_obs, observation_dict
-from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name
+from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name, default_token
 
 log = structlog.get_logger("gdrl.trainer")
 WAITING_NOTICE_EVERY = 10.0  # seconds between repeats of what a waiting trainer waits for
@@ -87,7 +87,9 @@ class BrokerVecEnv(VecEnv):
         self.returned_at = time.monotonic()
         if link is None:
             trainer_name = name or default_name(f"trainer[{policy}]")
-            hello = Hello("trainer", PROTOCOL_VERSION, trainer_name, token, policy=policy, stepping=stepping)
+            hello = Hello(
+                "trainer", PROTOCOL_VERSION, trainer_name, default_token(token), policy=policy, stepping=stepping
+            )
             link = self._socket = PeerSocket(address, hello, timeout_connect=timeout_connect)
         self._link = link
         try:

@@ -77,9 +77,14 @@ def _hello_answer(b: Broker, hello: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("via", ["flag", "environment"])
-def test_every_hello_must_carry_the_token_and_the_token_is_never_logged(tmp_path: Path, via: str) -> None:
+def test_every_hello_must_carry_the_token_and_the_token_is_never_logged(
+    tmp_path: Path, via: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     args = ("--token", TOKEN) if via == "flag" else ()
     env = {"GDRL_BROKER_TOKEN": TOKEN} if via == "environment" else {}
+    client_token = TOKEN if via == "flag" else None  # environment: the clients read the same variable
+    if via == "environment":
+        monkeypatch.setenv("GDRL_BROKER_TOKEN", TOKEN)
     with broker(tmp_path, "--games", "1", "--log-level", "debug", "--log-json", *args, env=env) as b:
         sim = SimGame(2, 0)
         game_wire = Hello("game", PROTOCOL_VERSION, "g", groups=tuple(sim.group_specs())).to_wire()
@@ -91,8 +96,8 @@ def test_every_hello_must_carry_the_token_and_the_token_is_never_logged(tmp_path
             GameClient(b.address, sim.group_specs(), token="tok-wrong-guess-0002")
         assert refused.value.code == "auth_failed"
         # With the token, a game, a trainer and an observer are served as usual.
-        game = GameClient(b.address, sim.group_specs(), token=TOKEN)
-        trainer = BrokerVecEnv("mover", b.address, token=TOKEN)
+        game = GameClient(b.address, sim.group_specs(), token=client_token)
+        trainer = BrokerVecEnv("mover", b.address, token=client_token)
         status = _hello_answer(b, {**observer, "token": TOKEN})
         assert status["type"] == "status" and TOKEN not in repr(status)
         playing = threading.Thread(target=_step_until_closed, args=(game, sim.first_step()["mover"], "mover"))

@@ -8,6 +8,8 @@ PROTOCOL_VERSION = 1
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11008
 DEFAULT_ADDRESS = f"{DEFAULT_HOST}:{DEFAULT_PORT}"
+# The environment variable that carries the shared token to every side: serve, status, trainers, games.
+TOKEN_ENV = "GDRL_BROKER_TOKEN"
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -15,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_PORT",
     "PROTOCOL_VERSION",
+    "TOKEN_ENV",
     "ErrorCode",
     "FrameDecoder",
     "LocalProtocolError",

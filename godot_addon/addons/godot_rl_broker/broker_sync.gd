@@ -38,7 +38,8 @@ const DEFAULT_SEED: int = 1
 @export var host: String = "127.0.0.1"
 ## Broker port (one port for every game and trainer); --port= overrides it.
 @export var port: int = 11008
-## Shared token, when the broker requires one; --token= overrides it.
+## Shared token, when the broker requires one; empty: the GDRL_BROKER_TOKEN environment variable;
+## --token= overrides both.
 @export var token: String = ""
 ## Physics ticks per decision (an action is applied that long); --action_repeat= overrides it.
 @export_range(1, 32, 1, "or_greater") var action_repeat: int = 8
@@ -156,6 +157,8 @@ func _apply_args() -> void:
 		else:
 			host = str(args["host"]).strip_edges()
 	port = _int_arg("port", port, 1, 65535)
+	if token.is_empty():  # the same environment variable as gdrl-broker serve and gdrl-train read
+		token = OS.get_environment("GDRL_BROKER_TOKEN")
 	token = str(args.get("token", token))
 	action_repeat = _int_arg("action_repeat", action_repeat, 1, 1 << 20)
 	if args.has("speedup"):

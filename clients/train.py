@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from broker.cli import HelpFormatter
 from broker.protocol import DEFAULT_ADDRESS, TOKEN_ENV
 from broker.protocol.messages import HOLD_DEADLINE_DEFAULT_TEXT
 
@@ -264,17 +265,6 @@ EXAMPLES = """examples:
 """
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Show a flag's default only when it has a meaningful one."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        text = action.help or ""
-        meaningless = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if not meaningless and "%(default)" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The parser of TrainOptions: one flag per field, ``--name-with-dashes``, in the fields' groups."""
     parser = argparse.ArgumentParser(
@@ -282,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train one policy (agent group) through the broker with Stable-Baselines3, or run a saved\n"
         "model with --inference. Ctrl-C or SIGTERM stops cleanly: the model (and ONNX, if asked) is saved\n"
         "and the exit code is 0.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
         epilog=EXAMPLES,
     )
     groups = {name: parser.add_argument_group(name, description) for name, description in GROUPS.items()}

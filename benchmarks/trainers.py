@@ -59,7 +59,8 @@ def run_inprocess(config: BenchConfig, warmup_s: float, measure_s: float) -> Non
     from clients.inprocess import InProcessBroker
 
     broker = InProcessBroker(expected_games=config.games, status_interval=0, stepping="barrier")
-    emit({"event": "ready", "port": broker.server.port, "broker_tid": broker.server_thread.native_id})
+    # The trainers' threads run the broker's loop while they wait in step_wait: no thread is the broker's alone.
+    emit({"event": "ready", "port": broker.server.port, "broker_tid": None})
 
     def trainer(policy: str, seed: int) -> None:
         env = broker.vec_env(policy, name=f"bench-trainer-{policy}")

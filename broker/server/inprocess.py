@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
-from broker.server.server import BrokerServer, new_event_loop
+from broker.server.server import BrokerServer
 
 INBOX_LIMIT = 64  # messages queued for one in-process trainer; lock-step needs a handful
 CALL_TIMEOUT_S = 30.0  # a call onto the loop that takes longer means the loop is stuck
@@ -52,7 +52,9 @@ class ServerThread:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.server = BrokerServer(config)
-        self.loop = new_event_loop()
+        # The standard loop, not uvloop: trainers start and stop the loop every step, and a uvloop run on the
+        # main thread sets up signal handling each time (a socketpair, ~35 us more per step).
+        self.loop = asyncio.new_event_loop()
         self.closed = False
         self._state = threading.Condition(threading.Lock())  # guards the fields below
         self._driver: object | None = self  # who runs the loop: a trainer's _HubSide, self (daemon), None

@@ -357,7 +357,7 @@ def unpack_json(body: bytes | memoryview) -> dict[str, Any]:
     raw = body if type(body) is bytes else bytes(body)
     escaped = b"\\" in raw
     _check_json_bounds(raw, escaped)
-    if _LONG_DIGITS.search(raw) is None:  # every integer fits 64 bits: orjson's C parser decodes it alike
+    if _LONG_DIGITS not in raw.translate(_DIGITS_ONLY):  # every integer fits 64 bits: orjson decodes it alike
         try:
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:  # NaN, infinities, lone surrogates, bad UTF-8: the stdlib path says which
@@ -384,7 +384,9 @@ def unpack_json(body: bytes | memoryview) -> dict[str, Any]:
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 # 19 digits in a row: maybe an integer beyond 64 bits, which orjson would make a float; the stdlib's parse_int
 # refuses it. Every other text is decoded by orjson, ~6-30x faster than json.loads with parse_int.
-_LONG_DIGITS: Final = re.compile(rb"[0-9]{19}")
+# Every digit becomes "0", every other byte a space: then a substring search finds a run (a regex: 10x slower).
+_DIGITS_ONLY: Final = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
+_LONG_DIGITS: Final = b"0" * 19
 _INNERMOST: Final = re.compile(rb"\[\]|\{\}")
 _STRUCTURE: Final = b'[]{}"'
 _ALL_BUT_STRUCTURE: Final = bytes(c for c in range(256) if c not in _STRUCTURE)

@@ -272,8 +272,7 @@ class Run:
                 "trainer", [py, "-m", "benchmarks.trainers", "inprocess", "--config", config_json, *timing]
             )
             _, ready = self.wait_event(deadline)
-            broker_tid = ready.get("broker_tid")  # None: the trainer threads run the broker's loop themselves
-            trainer.tid = int(broker_tid) if broker_tid is not None else None
+            trainer.tid = int(ready["broker_tid"])
             trainer.role = "trainer+broker"
             self.sample_all()
             self.broker_idle_rss = trainer.samples[-1].rss_bytes if trainer.samples else None
@@ -395,8 +394,7 @@ class Run:
         if broker is not None and broker.samples:
             last = broker.samples[-1]
             connections = self.config.games + (self.config.policies if broker.role == "broker" else 0)
-            # In-process, the broker is one thread (its event loop) of the trainers' process, or (no tid) runs
-            # on the trainers' threads: then the whole process counts as the middle.
+            # In-process, the broker's daemon thread; its work on the trainers' threads counts with theirs.
             broker_cpu = (
                 interpolate(broker.thread_samples, t1, "cpu_s") - interpolate(broker.thread_samples, t0, "cpu_s")
                 if broker.tid is not None
@@ -421,7 +419,7 @@ class Run:
                 kinds["game"] += us
             elif role in ("broker", "relay"):
                 kinds["middle"] += us
-            elif role == "trainer+broker":  # in-process: the broker is its loop thread, the trainers the rest
+            elif role == "trainer+broker":  # in-process: the broker's daemon thread, the trainers the rest
                 loop = per_step.get("broker loop", 0.0)
                 kinds["middle"] += loop
                 kinds["trainers"] += us - loop

@@ -8,14 +8,15 @@
 Modes (configs.MODES): godot_rl as its users run it, the real godot-rl package's GodotEnv +
 StableBaselinesGodotEnv.step serving the lean plugin-protocol game (benchmarks/lean_plugin_game.py), for P
 policies either (a) ``godot_rl_per_policy``: one port and one trainer process per policy, or (a')
-``godot_rl_one_env``: all agents of all policies in one env; every ``x godot_rl`` ratio is against the
-faster of the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
-clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game
-(GameClient) + one BrokerVecEnv process per policy over TCP; (c) ``broker_unix``: the same over the broker's
-Unix socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per
-policy, games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes
-directly (the one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards
-them and does nothing else (the two-hop ceiling, the limit of any broker).
+``godot_rl_one_env``: all agents of all policies in one env; every ``x godot_rl`` ratio is against the faster of
+the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
+clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game (GameClient) +
+one BrokerVecEnv process per policy over TCP; (b') ``broker_plugin``: the same serving the
+lean plugin game instead (the broker's godot_rl JSON path); (c) ``broker_unix``: the same over the broker's Unix
+socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
+games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly (the
+one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards them and does
+nothing else (the two-hop ceiling, the limit of any broker).
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """
@@ -65,7 +66,7 @@ from broker.tuning import DEFAULT_MMAP_THRESHOLD, DEFAULT_TRIM_THRESHOLD
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
-BROKER_MODES = ("broker_tcp", "broker_unix", "inprocess")
+BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "inprocess")
 
 
 # The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of
@@ -277,7 +278,7 @@ class Run:
             self.broker_idle_rss = trainer.samples[-1].rss_bytes if trainer.samples else None
             self._spawn_games(f"127.0.0.1:{ready['port']}", config_json)
             return self.config.policies
-        # broker_tcp / broker_unix
+        # broker_tcp / broker_unix / broker_plugin
         port_file = self.workdir / "port"
         unix_path = self.workdir / "broker.sock"
         args = [*broker_command(), "serve", "--port", "0", "--port-file", str(port_file)]
@@ -297,7 +298,12 @@ class Run:
         for name in self.config.policy_names:
             trainer_args = ["--address", address, "--policy", name, *timing]
             self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "broker", *trainer_args])
-        self._spawn_games(address, config_json)
+        if self.mode == "broker_plugin":  # godot_rl plugin games: the broker speaks their JSON
+            for i in range(self.config.games):
+                args = ["--config", config_json, "--game-index", str(i), "--ports", port_file.read_text()]
+                self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *_lean_game_flags])
+        else:
+            self._spawn_games(address, config_json)
         return self.config.policies
 
     def _start_godot_rl(self, config_json: str, timing: list[str]) -> int:
@@ -388,7 +394,7 @@ class Run:
         if broker is not None and broker.samples:
             last = broker.samples[-1]
             connections = self.config.games + (self.config.policies if broker.role == "broker" else 0)
-            # In-process, the broker is one thread (its event loop) of the trainers' process.
+            # In-process, the broker's daemon thread; its work on the trainers' threads counts with theirs.
             broker_cpu = (
                 interpolate(broker.thread_samples, t1, "cpu_s") - interpolate(broker.thread_samples, t0, "cpu_s")
                 if broker.tid is not None
@@ -413,7 +419,7 @@ class Run:
                 kinds["game"] += us
             elif role in ("broker", "relay"):
                 kinds["middle"] += us
-            elif role == "trainer+broker":  # in-process: the broker is its loop thread, the trainers the rest
+            elif role == "trainer+broker":  # in-process: the broker's daemon thread, the trainers the rest
                 loop = per_step.get("broker loop", 0.0)
                 kinds["middle"] += loop
                 kinds["trainers"] += us - loop

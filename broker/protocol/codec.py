@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import msgpack
 import msgspec
+import orjson
 
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, encode_frame
@@ -356,6 +357,15 @@ def unpack_json(body: bytes | memoryview) -> dict[str, Any]:
     raw = body if type(body) is bytes else bytes(body)
     escaped = b"\\" in raw
     _check_json_bounds(raw, escaped)
+    if _LONG_DIGITS not in raw.translate(_DIGITS_ONLY):  # every integer fits 64 bits: orjson decodes it alike
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:  # NaN, infinities, lone surrogates, bad UTF-8: the stdlib path says which
+            pass
+        else:
+            if not isinstance(obj, dict):
+                raise RemoteProtocolError(ErrorCode.MALFORMED, "JSON message must be an object")
+            return obj
     try:
         text = str(raw, "utf-8")
     except UnicodeDecodeError as exc:
@@ -372,6 +382,12 @@ def unpack_json(body: bytes | memoryview) -> dict[str, Any]:
 
 
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+# 19 digits in a row: maybe an integer beyond 64 bits, which orjson would make a float; the stdlib's parse_int
+# refuses it. Every other text is decoded by orjson, ~6-30x faster than json.loads with parse_int.
+# Every digit becomes "0", every other byte a space: then a substring search finds a run (a regex: 10x slower).
+_DIGITS_ONLY: Final = bytes(48 if 48 <= c <= 57 else 32 for c in range(256))
+_LONG_DIGITS: Final = b"0" * 19
+_INNERMOST: Final = re.compile(rb"\[\]|\{\}")
 _STRUCTURE: Final = b'[]{}"'
 _ALL_BUT_STRUCTURE: Final = bytes(c for c in range(256) if c not in _STRUCTURE)
 
@@ -399,6 +415,16 @@ def _check_json_bounds(raw: bytes, escaped: bool) -> None:
     opened = skeleton.count(b"[") + skeleton.count(b"{")
     if opened <= MAX_NESTING:
         return
+    # Peel the innermost pairs of the brackets outside strings, one level per C-speed pass; a text whose
+    # brackets do not pair up is traced byte by byte below.
+    brackets = b"".join(skeleton.split(b'"')[::2])
+    for _ in range(MAX_NESTING):
+        peeled = _INNERMOST.sub(b"", brackets)
+        if not peeled:
+            return
+        if len(peeled) == len(brackets):
+            break
+        brackets = peeled
     depth = 0
     for outside in skeleton.split(b'"')[::2]:  # the even pieces lie outside strings
         for bracket in outside:

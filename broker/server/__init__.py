@@ -2,7 +2,8 @@
 
 Public API (what peers and programs outside broker/ may use; everything else here is internal):
 ``ServerConfig``, ``BrokerServer``, ``new_event_loop``, and the in-process broker: ``ServerThread``
-(a server on a background thread) and ``attach_trainer`` -> ``InProcessTrainer``."""
+(a server whose loop waiting trainers run, else its daemon thread) and ``attach_trainer`` ->
+``InProcessTrainer``."""
 
 from broker.server.config import ServerConfig
 from broker.server.inprocess import InProcessTrainer, ServerThread, attach_trainer

@@ -1,9 +1,18 @@
-"""The broker inside another program's process: a ``BrokerServer`` on its own event loop in a background
-thread (games still connect over its port), and trainers attached to its hub without a socket.
+"""The broker inside another program's process: a ``BrokerServer`` whose event loop is run by the thread
+that needs it (games still connect over its port), and trainers attached to its hub without a socket.
 
 ``attach_trainer(server_thread, hello)`` gives a blocking handle for any thread: ``send`` hands a message
-to the loop's thread, ``recv`` waits on a bounded inbox, ``close`` leaves. The hub sees an ordinary
-trainer whose link is that inbox. Peers use these through ``clients.inprocess.InProcessBroker``.
+to the hub, ``recv`` returns the next message the hub sent, ``close`` leaves. The hub sees an ordinary
+trainer whose link is a bounded inbox. Peers use these through ``clients.inprocess.InProcessBroker``.
+
+Who runs the loop: a trainer waiting in ``recv`` runs it on its own thread until the hub has sent it a
+message, so a game's step reaches the policy with no thread hop (as in godot_rl). One thread runs the loop
+at a time (the *driver*); other trainers wait on their inbox and one of them takes over when the driver
+stops. While no trainer waits (between rollouts, during a policy update) the ``ServerThread``'s own daemon
+thread runs the loop, once it has been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer
+that waits; so games, hold deadlines and new connections are served at most that much later than by a loop
+on a thread of its own. A trainer whose thread already runs another event loop (a notebook) cannot run
+this one: its ``recv`` has the daemon thread run it and waits on its inbox, one thread hop as before.
 """
 
 from __future__ import annotations
@@ -11,28 +20,50 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
-from broker.server.server import BrokerServer, new_event_loop
+from broker.server.server import BrokerServer
 
 INBOX_LIMIT = 64  # messages queued for one in-process trainer; lock-step needs a handful
 CALL_TIMEOUT_S = 30.0  # a call onto the loop that takes longer means the loop is stuck
+# How long the loop may go unrun before the daemon thread runs it: longer than a policy's step between
+# step_wait calls (so a stepping trainer keeps the loop), short against hold deadlines (20-100 ms).
+FALLBACK_GRACE_S = 0.005
 
 T = TypeVar("T")
 
 
+class _Wake:
+    """Put into a waiting trainer's inbox when the loop is free for it to run (never returned by recv)."""
+
+
+WAKE = _Wake()
+
+
 class ServerThread:
-    """A ``BrokerServer`` listening from a daemon thread of this process; ``close()`` shuts it down."""
+    """A ``BrokerServer`` listening in this process; its loop is run by waiting trainers, else by a daemon
+    thread; ``close()`` shuts it down."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.server = BrokerServer(config)
-        self.loop = new_event_loop()
+        # The standard loop, not uvloop: trainers start and stop the loop every step, and a uvloop run on the
+        # main thread sets up signal handling each time (a socketpair, ~35 us more per step).
+        self.loop = asyncio.new_event_loop()
         self.closed = False
+        self._state = threading.Condition(threading.Lock())  # guards the fields below
+        self._driver: object | None = self  # who runs the loop: a trainer's _HubSide, self (daemon), None
+        self._idle_since = time.monotonic()
+        self._waiters: list[_HubSide] = []  # trainers blocked on their inbox while another drives
+        self._hop_wanted = 0  # trainers that cannot run the loop and wait for the daemon to run it
+        self._stop_asked = False  # loop.stop() was called in this run (uvloop queues it: once per run)
+        self._stopping = False
+        self._sides: list[_HubSide] = []
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="gdrl-broker", daemon=True)
@@ -49,9 +80,88 @@ class ServerThread:
             self._error = exc
             self._ready.set()
             return
+        finally:
+            self.release(self)
         self._ready.set()
+        while self._claim_for_daemon():
+            try:
+                self.run_loop()  # until a trainer wants to run it, or closing
+            finally:
+                self.release(self)
+
+    def _claim_for_daemon(self) -> bool:
+        """Wait until the loop needs the daemon thread (idle for the grace, or a trainer cannot run it) and
+        claim it; False once closing."""
+        with self._state:
+            while not self._stopping:
+                if self._driver is None:
+                    idle = time.monotonic() - self._idle_since
+                    if self._hop_wanted or idle >= FALLBACK_GRACE_S:
+                        self._driver = self
+                        return True
+                    self._state.wait(FALLBACK_GRACE_S - idle)
+                else:
+                    self._state.wait(FALLBACK_GRACE_S)
+            return False
+
+    # --- who runs the loop (called from any thread) -------------------------------------------------
+
+    def claim(self, side: _HubSide, wait: bool) -> bool:
+        """Make ``side``'s thread the one running the loop, if nobody does. Otherwise, with ``wait``,
+        register ``side`` for a WAKE when the loop is free, and ask the daemon thread to hand it over."""
+        with self._state:
+            if self._driver is None:
+                self._driver = side
+                return True
+            if wait:
+                self._waiters.append(side)
+                if self._driver is self:
+                    self.loop.call_soon_threadsafe(self._end_daemon_run)  # then it releases: WAKE
+            return False
+
+    def release(self, driver: object) -> None:
+        """``driver`` stopped running the loop: wake the trainers waiting to run it."""
+        with self._state:
+            if self._driver is not driver:
+                return
+            self._driver = None
+            self._idle_since = time.monotonic()
+            waiters, self._waiters = self._waiters, []
+            if self._hop_wanted or self._stopping:
+                self._state.notify_all()
+        for side in waiters:
+            side.inbox.put_nowait(WAKE)
+
+    def want_daemon(self, delta: int) -> None:
+        """A trainer that cannot run the loop starts (+1) or stops (-1) waiting for the daemon to run it."""
+        with self._state:
+            self._hop_wanted += delta
+            if self._driver is self or self._driver is None:
+                self._state.notify_all()
+
+    def run_loop(self) -> None:
+        """Run the loop on this thread (its driver's) until ``stop_run``."""
+        self._stop_asked = False
         self.loop.run_forever()
-        self.loop.close()
+
+    def stop_run(self) -> None:
+        """End the current run (on the loop). uvloop's stop is a queued callback: a second one would be left
+        over and end the next run at once, so it is asked once per run."""
+        if not self._stop_asked:
+            self._stop_asked = True
+            self.loop.stop()
+
+    def _end_daemon_run(self) -> None:
+        if self._driver is self and not self._hop_wanted:
+            self.stop_run()
+
+    def can_run_loop(self) -> bool:
+        """This thread may run the loop: it is open and no other event loop runs on this thread."""
+        if self.loop.is_closed() or self._stopping:
+            return False
+        return asyncio._get_running_loop() is None
+
+    # --- the server's public handle -----------------------------------------------------------------
 
     @property
     def address(self) -> str:
@@ -59,7 +169,7 @@ class ServerThread:
 
     @property
     def native_id(self) -> int | None:
-        """The OS id of the broker's thread (benchmarks count its CPU time apart from the trainer's)."""
+        """The OS id of the daemon thread (it runs the loop only while no trainer waits for a message)."""
         return self._thread.native_id
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -70,6 +180,16 @@ class ServerThread:
 
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=CALL_TIMEOUT_S)
 
+    def attach(self, side: _HubSide, hello: Hello) -> None:
+        self.call(self.server.enter, side, hello)  # a refusal raises its ProtocolError here
+        with self._state:
+            self._sides.append(side)
+
+    def detach(self, side: _HubSide) -> None:
+        with self._state:
+            if side in self._sides:
+                self._sides.remove(side)
+
     def close(self) -> None:
         if self.closed:
             return
@@ -77,33 +197,61 @@ class ServerThread:
         asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(
             timeout=self.config.timeout_shutdown + 5
         )
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        # In-process trainers still attached learn why, and stop running the loop.
+        self.call(self._close_sides, Error(ErrorCode.SHUTTING_DOWN.value, "broker shutting down"))
+        with self._state:
+            self._stopping = True
+            self._state.notify_all()
+        self.loop.call_soon_threadsafe(self._stop_daemon_run)
         self._thread.join(timeout=10)
+        with self._state:
+            while self._driver is not None:  # a trainer leaves the loop once its inbox holds the error
+                self._state.wait(0.05)
+            self._driver = self
+        self.loop.close()
+        for side in self._sides:
+            side.inbox.put_nowait(WAKE)  # a trainer registered as a waiter re-checks and finds the loop closed
+
+    def _close_sides(self, error: Error) -> None:
+        for side in self._sides:
+            side.close(error)
+
+    def _stop_daemon_run(self) -> None:
+        if self._driver is self:
+            self.stop_run()
 
 
 class _HubSide:
-    """The hub's link to an in-process trainer (used on the broker's loop only)."""
+    """The hub's link to an in-process trainer (``send`` and ``close`` run on whichever thread runs the
+    loop); ``driving`` is true while the trainer's own thread runs the loop waiting for a message."""
 
-    def __init__(self, label: str) -> None:
+    def __init__(self, label: str, server: ServerThread) -> None:
         self.label = label
+        self.server = server
         # SimpleQueue (C, one lock) wakes the trainer thread several times faster than queue.Queue (a
-        # Condition in Python); its bound is kept here: only this loop-side object puts into it.
-        self.inbox: queue.SimpleQueue[Message] = queue.SimpleQueue()
+        # Condition in Python); its bound is kept here: only this loop-side object puts messages into it.
+        self.inbox: queue.SimpleQueue[Message | _Wake] = queue.SimpleQueue()
         self.closed = False
+        self.driving = False
 
     def send(self, message: Message) -> None:
         if self.closed:
             return
-        if self.inbox.qsize() >= INBOX_LIMIT:
+        if self.inbox.qsize() >= INBOX_LIMIT:  # WAKEs count too: at most one per wait for the loop
             self.close(Error(ErrorCode.SLOW_PEER.value, "in-process trainer is not reading"))
             return
-        self.inbox.put_nowait(message)
+        self._put(message)
 
     def close(self, error: Error | Close | None = None) -> None:
         if self.closed:
             return
         self.closed = True
-        self.inbox.put_nowait(error or Close("closed by the broker"))  # one past the bound: why it stopped
+        self._put(error or Close("closed by the broker"))  # one past the bound: why it stopped
+
+    def _put(self, message: Message) -> None:
+        self.inbox.put_nowait(message)
+        if self.driving:  # the trainer's thread runs the loop for this message: it has it now
+            self.server.stop_run()
 
 
 class InProcessTrainer:
@@ -114,10 +262,9 @@ class InProcessTrainer:
 
     def __init__(self, server: ServerThread, hello: Hello) -> None:
         self._server = server
-        self._side = _HubSide(hello.name)
+        self._side = _HubSide(hello.name, server)
         self._left = False
-
-        server.call(server.server.enter, self._side, hello)  # a refusal raises its ProtocolError here
+        server.attach(self._side, hello)
 
     @property
     def closed(self) -> bool:
@@ -126,7 +273,16 @@ class InProcessTrainer:
 
     def send(self, message: Message) -> None:
         """Hand ``message`` (``act`` or ``reset``) to the hub; a bad one closes the trainer with its error."""
-        self._server.loop.call_soon_threadsafe(self._deliver, message)
+        server = self._server
+        if server.loop.is_closed():
+            return
+        if server.claim(self._side, wait=False):  # nobody runs the loop: the next one to run it delivers
+            try:
+                server.loop.call_soon(self._deliver, message)
+            finally:
+                server.release(self._side)
+        else:
+            server.loop.call_soon_threadsafe(self._deliver, message)
 
     def _deliver(self, message: Message) -> None:
         if self._side.closed or not isinstance(message, (TrainerAct, TrainerReset)):
@@ -138,14 +294,71 @@ class InProcessTrainer:
             self._side.close(Error(exc.code.value, exc.message))
 
     def recv(self) -> Message:
-        """The next message from the hub (blocks)."""
-        return self._side.inbox.get()
+        """The next message from the hub (blocks), running the broker's loop on this thread meanwhile
+        when no other thread does."""
+        side, server = self._side, self._server
+        while True:
+            message = self._take(block=False)
+            if message is not None:
+                return message
+            if not server.can_run_loop():
+                if server.loop.is_closed():
+                    return Close("the in-process broker is closed")
+                return self._recv_from_daemon()
+            if server.claim(side, wait=True):
+                try:
+                    message = self._run_loop_for_message()
+                finally:
+                    server.release(side)
+                if message is not None:
+                    return message
+            else:
+                message = self._take(block=True)  # a message, or None: the loop is free to run
+                if message is not None:
+                    return message
+
+    def _run_loop_for_message(self) -> Message | None:
+        side = self._side
+        side.driving = True
+        try:
+            if side.inbox.empty():  # else a message came between the look and the claim
+                self._server.run_loop()  # until side._put stops it, or the broker closes
+        finally:
+            side.driving = False
+        return self._take(block=False)
+
+    def _recv_from_daemon(self) -> Message:
+        self._server.want_daemon(+1)
+        try:
+            while True:
+                message = self._take(block=True)
+                if message is not None:
+                    return message
+                if self._server.loop.is_closed():
+                    return Close("the in-process broker is closed")
+        finally:
+            self._server.want_daemon(-1)
+
+    def _take(self, block: bool) -> Message | None:
+        """The next message in the inbox, skipping WAKEs; None if there is none (not blocking) or on a WAKE."""
+        inbox = self._side.inbox
+        while True:
+            try:
+                item = inbox.get(block)
+            except queue.Empty:
+                return None
+            if isinstance(item, _Wake):
+                if block:
+                    return None
+                continue
+            return item
 
     def close(self) -> None:
         """Leave the hub: the policy's open batch waits for its next trainer."""
         if self._left:
             return
         self._left = True
+        self._server.detach(self._side)
         if not self._server.closed:
             self._server.loop.call_soon_threadsafe(self._server.server.leave, self._side)
 

@@ -1,0 +1,119 @@
+"""Who runs the in-process broker's event loop: a trainer waiting in step_wait runs it on its own thread (a
+game's step reaches the policy with no thread hop); while no trainer waits the broker's daemon thread runs
+it, so games are still served; a trainer whose thread already runs an event loop (a notebook) is served by
+the daemon thread; closing the broker wakes a trainer that waits.
+
+Real parts: an in-process broker, a sim-game process over loopback, the VecEnv's public API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from broker.protocol.messages import GameStep, Message, StepOptions, TrainerAct
+from clients.errors import BrokerError
+from clients.inprocess import InProcessBroker
+from tests.helpers import spawn_python
+
+Entries = list[tuple[str, int]]
+
+
+def record_hub_entries(broker: InProcessBroker) -> Entries:
+    """Every message handed to the hub, with the thread that handed it (the one running the loop)."""
+    entries: Entries = []
+    server = broker.server
+    enter = server.enter
+
+    def recording_enter(peer: Any, message: Message) -> None:
+        entries.append((message.TYPE, threading.get_ident()))
+        enter(peer, message)
+
+    server.enter = recording_enter  # type: ignore[method-assign]
+    return entries
+
+
+@pytest.fixture
+def hold_broker(inprocess_broker: Callable[..., InProcessBroker]) -> Iterator[InProcessBroker]:
+    broker = inprocess_broker(expected_games=1, stepping="hold")
+    game = spawn_python("-m", "broker", "sim-game", "--address", broker.address, "--movers", "4", "--pickers", "1")
+    try:
+        yield broker
+    finally:
+        game.terminate()
+        game.wait(timeout=15)
+
+
+def step(env: Any, times: int) -> None:
+    actions = np.zeros((env.num_envs, *env.action_space.shape), env.action_space.dtype)
+    for _ in range(times):
+        env.step_async(actions)
+        env.step_wait()
+
+
+def test_a_stepping_trainer_runs_the_loop_on_its_own_thread(hold_broker: InProcessBroker) -> None:
+    entries = record_hub_entries(hold_broker)
+    env = hold_broker.vec_env("mover", stepping=StepOptions("barrier"))
+    env.reset()
+    step(env, 30)
+    env.close()
+    me = threading.get_ident()
+    steps_here = sum(1 for kind, thread in entries if kind == GameStep.TYPE and thread == me)
+    acts_here = sum(1 for kind, thread in entries if kind == TrainerAct.TYPE and thread == me)
+    # The game's steps were read by this thread, in step_wait; its actions went to the hub from it too.
+    assert steps_here > 0 and acts_here > 0, entries[-10:]
+
+
+def test_games_are_served_while_no_trainer_waits(hold_broker: InProcessBroker) -> None:
+    entries = record_hub_entries(hold_broker)
+    env = hold_broker.vec_env("mover")  # hold stepping: a game goes on without the trainer's answer
+    env.reset()
+    step(env, 5)
+    seen = len(entries)
+    time.sleep(0.5)  # a PPO update, say: nobody is in step_wait
+    during_pause = entries[seen:]
+    daemon = hold_broker.server_thread._thread.ident
+    assert any(kind == GameStep.TYPE and thread == daemon for kind, thread in during_pause), during_pause
+    step(env, 5)  # and the trainer takes the loop back
+    env.close()
+
+
+def test_a_trainer_in_a_thread_running_an_event_loop_is_served_by_the_daemon(hold_broker: InProcessBroker) -> None:
+    """As in a notebook, where the cell runs inside an asyncio loop: this loop cannot be run there."""
+    entries = record_hub_entries(hold_broker)
+    env = hold_broker.vec_env("mover", stepping=StepOptions("barrier"))
+
+    async def notebook_cell() -> int:
+        env.reset()
+        step(env, 10)
+        return threading.get_ident()
+
+    cell_thread = asyncio.run(notebook_cell())
+    env.close()
+    game_steps = [thread for kind, thread in entries if kind == GameStep.TYPE]
+    assert len(game_steps) >= 10
+    assert cell_thread not in game_steps
+
+
+def test_closing_the_broker_wakes_a_trainer_that_waits(inprocess_broker: Callable[..., InProcessBroker]) -> None:
+    broker = inprocess_broker(expected_games=1, stepping="barrier")
+    failures: list[BaseException] = []
+
+    def wait_for_games() -> None:
+        try:
+            broker.vec_env("mover")  # no game ever comes: it waits for the policy's layout
+        except BaseException as exc:
+            failures.append(exc)
+
+    trainer = threading.Thread(target=wait_for_games, daemon=True)
+    trainer.start()
+    time.sleep(0.3)
+    broker.close()
+    trainer.join(timeout=20)
+    assert not trainer.is_alive()
+    assert len(failures) == 1 and isinstance(failures[0], BrokerError), failures

@@ -351,4 +351,5 @@ def test_throughput_benchmark_smoke(godot: Path, tmp_path: Path, processes: Proc
     assert result["engine"].startswith("4."), result["engine"]  # `godot --version`, e.g. 4.2.3.rc.custom_build
     (row,) = result["rows"]
     assert (row["speedup"], row["action_repeat"]) == (8, 4)
-    assert all(row[mode] > 0 for mode in ("broker_sync", "plugin_direct", "plugin_broker")), row
+    modes = ("broker_sync", "plugin_direct", "plugin_broker", "broker_sync_inprocess")
+    assert all(row[mode] > 0 for mode in modes), row

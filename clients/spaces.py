@@ -79,7 +79,7 @@ def observation_to_wire(space: spaces.Space[Any], what: str) -> ObservationSpace
     if isinstance(space, spaces.Box):
         low = float(np.min(space.low)) if space.low.size else 0.0
         high = float(np.max(space.high)) if space.high.size else 0.0
-        return BoxSpace(tuple(space.shape), wire_box_dtype(space.dtype, what), low, high)
+        return BoxSpace(tuple(space.shape), wire_box_dtype(np.dtype(space.dtype), what), low, high)
     if isinstance(space, spaces.Discrete):
         return DiscreteSpace(int(space.n))
     if isinstance(space, spaces.MultiDiscrete):
@@ -110,7 +110,7 @@ def action_to_wire(space: spaces.Space[Any], what: str) -> ActionSpace:
 
 def observation_space(space: ObservationSpace) -> spaces.Space[Any]:
     if isinstance(space, BoxSpace):
-        return spaces.Box(space.low, space.high, space.shape, np.dtype(space.dtype))
+        return spaces.Box(space.low, space.high, space.shape, np.dtype(space.dtype))  # type: ignore[arg-type,unused-ignore]
     if isinstance(space, DiscreteSpace):
         return spaces.Discrete(space.n)
     return spaces.MultiDiscrete(np.array(space.nvec, dtype=np.int64))

@@ -51,6 +51,7 @@ def test_a_sampler_claims_games_and_gets_one_policy_info_per_policy() -> None:
         Send(s, PolicyInfo("red", 4, RED, (GameLayout(0, 0, 2), GameLayout(1, 2, 2)))),
         Send(s, PolicyInfo("blue", 2, BLUE, (GameLayout(0, 0, 1), GameLayout(1, 1, 1)))),
     ]
+    assert [g["sampler"] for g in hub.snapshot()["games"]] == ["s", "s", None]
     # the per-policy layouts lose the claimed games: only game 2 is left for a per-policy trainer
     t = Peer("t")
     effects = hub.handle(t, trainer_hello("red"))

@@ -27,6 +27,9 @@ Theory of operation
   reports every agent of the slot as truncated, with the last observation the trainer saw as the
   final observation, so SB3's episode bookkeeping stays right.
 * A lost trainer: the batch it did not answer is sent again to the next trainer of that policy.
+* A sampler (``claims.py``) claims whole games instead of one policy: per policy of those games it gets its
+  own ``PolicyState`` over the claimed slots, which the games' steps go to (``GameSession.policies``);
+  claimed slots leave the per-policy layouts for good.
 Memory is bounded by one accumulator per slot and policy (infos replaced, never merged, across held
 ticks), and one open batch per policy. A batch its trainer's codec cannot carry comes back through
 ``batch_undeliverable`` and goes again without the offending infos.

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import structlog
 
-from broker.core import joining, seating, status
+from broker.core import claims, joining, seating, status
 from broker.core.accumulate import SlotAccumulator, keep_ended_rows, replaced_game_step
 from broker.core.batching import concatenate_rows, drop_unencodable_infos
 from broker.core.effects import Close, Deadline, Effect, IdleTick, Peer, Send, StallCheck, Timer
@@ -38,7 +38,7 @@ from broker.protocol.messages import (
 
 log = structlog.get_logger("gdrl.hub")
 
-Session = GameSession | TrainerSession
+Session = GameSession | TrainerSession | claims.SamplerSession
 
 
 class Hub:
@@ -75,6 +75,10 @@ class Hub:
             joining.add_game(self, peer, message)
         elif isinstance(message, Hello) and session is None and message.role == "trainer":
             joining.add_trainer(self, peer, message)
+        elif isinstance(message, Hello) and session is None and message.role == "sampler":
+            claims.add_sampler(self, peer, message)
+        elif isinstance(message, (TrainerAct, TrainerReset)) and isinstance(session, claims.SamplerSession):
+            claims.sampler_message(self, session, message)
         elif isinstance(message, GameStep) and isinstance(session, GameSession):
             self._game_step(session, message)
         elif isinstance(message, TrainerAct) and isinstance(session, TrainerSession):
@@ -93,6 +97,8 @@ class Hub:
             joining.remove_game(self, session)
         elif isinstance(session, TrainerSession):
             joining.remove_trainer(self, session)
+        elif isinstance(session, claims.SamplerSession):
+            claims.remove_sampler(self, session)
         return self._take()
 
     def timer_fired(self, timer: Timer) -> list[Effect]:
@@ -173,7 +179,7 @@ class Hub:
         check_step(step, game.groups, game.label)
         now = self.clock()
         for name, data in step.groups.items():
-            self._accumulate(self.policies[name], self.slots[game.slot], step.tick, data, now)
+            self._accumulate(game.policies[name], self.slots[game.slot], step.tick, data, now)
         game.state = advance(game.state, "step")
         game.tick = step.tick
         game.waiting_since = now
@@ -181,7 +187,7 @@ class Hub:
         game.next_tick += 1
         game.steps += 1
         for name in step.groups:
-            self.try_emit(self.policies[name])
+            self.try_emit(game.policies[name])
         self.try_reply(game)
 
     def _accumulate(self, policy: PolicyState, slot: Slot, tick: int, data: StepData, now: float) -> None:
@@ -205,7 +211,7 @@ class Hub:
 
     def _deadline_passed(self, game: GameSession, timer: Deadline) -> None:
         """A policy's deadline for one game tick: from now on that group may be held (or it starts over)."""
-        policy = self.policies[timer.policy]
+        policy = game.policies[timer.policy]
         again = self.holding.deadline_again(timer, game, policy)
         if again is not None:
             self.out.append(again)
@@ -220,17 +226,17 @@ class Hub:
         for name in game.groups:
             if name in game.ready:
                 continue
-            if self.holding.may_hold(game, self.policies[name]):
+            if self.holding.may_hold(game, game.policies[name]):
                 held.append(name)
             else:
-                waiting.append(self.policies[name])
+                waiting.append(game.policies[name])
         if waiting:
             for policy in waiting:
                 self.out += self.holding.arm_deadline(game, policy)
                 if policy.deadline_s is None:
                     self.out += self.holding.watch_stalls()
             return
-        paced = self.holding.pace(game, held, self.policies)
+        paced = self.holding.pace(game, held, game.policies)
         if paced is not None:
             self.out += paced
             return
@@ -241,18 +247,18 @@ class Hub:
         for name in game.groups:
             if name in game.ready:
                 groups[name] = game.last_actions[name] = game.ready.pop(name)
-                policy = self.policies[name]
+                policy = game.policies[name]
                 policy.unapplied.discard(game.slot)
                 policy.applied_at[game.slot] = game.tick
-            elif self.policies[name].options.hold_action == "noop":
+            elif game.policies[name].options.hold_action == "noop":
                 groups[name] = game.groups[name].zero_actions()
         for name in held:
-            self.policies[name].metrics.held_ticks += 1
+            game.policies[name].metrics.held_ticks += 1
         game.state = advance(game.state, "reply")
         game.last_reply_at = self.clock()
         self.out.append(Send(game.peer, GameActions.unchecked(game.tick, groups)))  # checked actions, or zeros
         for name in groups:
-            self.try_emit(self.policies[name])
+            self.try_emit(game.policies[name])
 
     def _report_stalls(self) -> None:
         self.holding.stall_check_fired()
@@ -264,7 +270,7 @@ class Hub:
 
     def _round_complete(self, policy: PolicyState) -> bool:
         """Every slot has ticks since the last batch, and at least one of them after its actions applied."""
-        if not self.layout_complete:
+        if not self.layout_complete and not policy.sampled:  # a sampler's layout is its claim
             return False
         for s in policy.offsets:
             accumulator = policy.round.get(s)
@@ -285,7 +291,9 @@ class Hub:
         data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         now = self.clock()
-        batch = Batch.unchecked(policy.step, data)  # rows checked as they came in
+        batch = Batch.unchecked(
+            policy.step, data, policy.name if policy.sampled else ""
+        )  # rows checked as they came in
         policy.open = OpenBatch(batch, now, {s: self.slots[s].game for s in slots})  # type: ignore[misc]
         policy.last_obs = data.obs
         for s in slots:
@@ -296,7 +304,7 @@ class Hub:
         self.out.append(Send(trainer.peer, batch))
 
     def _trainer_reset(self, trainer: TrainerSession) -> None:
-        policy = self.policies.get(trainer.policy)
+        policy = trainer.own or self.policies.get(trainer.policy)
         if policy is not None and policy.open is not None and policy.trainer is trainer:
             # A new or restarted trainer picks up the open batch (its codec may carry less than the last one's).
             policy.open.infos_dropped = False
@@ -311,7 +319,7 @@ class Hub:
         trainer.wants_since = now
 
     def _trainer_act(self, trainer: TrainerSession, act: TrainerAct) -> None:
-        policy = self.policies.get(trainer.policy)
+        policy = trainer.own or self.policies.get(trainer.policy)
         if policy is None or policy.open is None or policy.trainer is not trainer:
             raise RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "actions sent with no batch outstanding")
         if act.step != policy.open.batch.step:

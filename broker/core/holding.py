@@ -164,7 +164,7 @@ class Holding:
             if game is None or not game.awaiting or now - game.waiting_since < min_wait_s:
                 continue
             for name in game.groups:
-                policy = policies[name]
+                policy = game.policies[name]
                 if name not in game.ready and policy.deadline_s is None and not self.may_hold(game, policy):
                     waiting.setdefault(name, []).append(game)
         return {

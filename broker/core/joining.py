@@ -35,6 +35,8 @@ def add_game(hub: Hub, peer: Peer, hello: Hello) -> None:
             trainer = hub.trainers.get(group.policy)
             options = trainer.options if trainer and trainer.options else hub.default_stepping
             hub.policies[group.policy] = PolicyState(group.policy, group.spaces, options)
+    routing = slot.claimed or hub.policies  # a claimed slot's groups go to its sampler (claims.py)
+    game.policies = {g.policy: routing[g.policy] for g in hello.groups}
     slot.layout = layout
     slot.game = game
     hub.sessions[peer] = game
@@ -50,7 +52,11 @@ def complete_layout(hub: Hub) -> None:
     seating.lay_out(hub.slots, hub.policies)
     for trainer in list(hub.waiting_trainers):
         hub.waiting_trainers.remove(trainer)
-        if trainer.policy in hub.policies:
+        if trainer.policy in hub.policies and hub.policies[trainer.policy].n_envs == 0:
+            hub.trainers.pop(trainer.policy, None)
+            hub.sessions.pop(trainer.peer, None)
+            hub.out.append(Close(trainer.peer, all_claimed(trainer.policy)))
+        elif trainer.policy in hub.policies:
             attach(hub, trainer)
         else:
             hub.trainers.pop(trainer.policy, None)
@@ -63,6 +69,10 @@ def unknown_policy(policies: Mapping[str, PolicyState], name: str) -> Error:
     return Error(ErrorCode.UNKNOWN_POLICY.value, f"no game announces policy '{name}'; known policies: {known}")
 
 
+def all_claimed(policy: str) -> Error:
+    return Error(ErrorCode.NO_FREE_GAME.value, f"every game of policy '{policy}' is claimed by a sampler")
+
+
 def add_trainer(hub: Hub, peer: Peer, hello: Hello) -> None:
     policy = hello.policy
     holder = hub.trainers.get(policy)
@@ -73,6 +83,8 @@ def add_trainer(hub: Hub, peer: Peer, hello: Hello) -> None:
         )
     if hub.layout_complete and policy not in hub.policies:
         raise RemoteProtocolError(ErrorCode.UNKNOWN_POLICY, unknown_policy(hub.policies, policy).message)
+    if hub.layout_complete and hub.policies[policy].n_envs == 0:
+        raise RemoteProtocolError(ErrorCode.NO_FREE_GAME, all_claimed(policy).message)
     trainer = TrainerSession(peer, hub.new_peer_id(), hello.name, policy, hello.stepping)
     hub.trainers[policy] = trainer
     hub.sessions[peer] = trainer
@@ -103,7 +115,7 @@ def remove_game(hub: Hub, game: GameSession) -> None:
     slot.game = None
     game.state = advance(game.state, "leave")
     for name in game.groups:
-        policy = hub.policies[name]
+        policy = game.policies[name]
         policy.round.pop(slot.index, None)
         policy.unapplied.discard(slot.index)  # a replacement starts from its own first tick
         policy.applied_at.pop(slot.index, None)

@@ -41,12 +41,14 @@ def choose_slot(slots: Sequence[Slot], layout: dict[str, int], name: str) -> Slo
 
 
 def lay_out(slots: Sequence[Slot], policies: Mapping[str, PolicyState]) -> None:
-    """Every slot has been filled once: give each policy one env per agent over all slots, in slot order."""
+    """Every slot has been filled once: give each policy one env per agent over all slots, in slot order
+    (but a slot a sampler claimed: broker/core/claims.py). ``policies``: those to lay out (again)."""
     for policy in policies.values():
         offset = 0
+        policy.offsets.clear()
         for slot in slots:
             assert slot.layout is not None
-            if policy.name in slot.layout:
+            if policy.name in slot.layout and slot.claimed is None:
                 policy.offsets[slot.index] = offset
                 offset += slot.layout[policy.name]
         policy.n_envs = offset

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -13,6 +14,9 @@ from broker.core.metrics import PolicyMetrics
 from broker.core.states import GameState, GroupWait, TrainerState
 from broker.protocol.messages import Batch, StepOptions
 from broker.protocol.spaces import GroupSpec, PolicySpaces
+
+if TYPE_CHECKING:
+    from broker.core.claims import SamplerSession
 
 
 @dataclass(eq=False)
@@ -31,6 +35,8 @@ class GameSession:
     steps: int = 0
     waiting_since: float = 0.0  # when the tick awaiting its reply arrived
     last_reply_at: float = float("-inf")  # when the game last got actions (idle pacing)
+    # group -> the PolicyState its steps go to: the hub's, or a sampler's for a claimed game (broker/core/claims.py)
+    policies: dict[str, PolicyState] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -59,6 +65,7 @@ class TrainerSession:
     state: TrainerState = TrainerState.IDLE
     wants_since: float = 0.0  # when it last asked for a batch
     last_waiting: tuple[int, str] | None = None  # the last Waiting it was told (told again only if new)
+    own: PolicyState | None = None  # a sampler's policy over its claimed games; None: the hub's policy
 
     @property
     def link(self) -> Peer:
@@ -79,6 +86,8 @@ class Slot:
     layout: dict[str, int] | None = None  # policy -> n_agents, fixed by the first game in the slot
     game: GameSession | None = None
     seen_by_trainer: set[str] = field(default_factory=set)  # policies whose trainer saw these rows
+    sampler: SamplerSession | None = None  # the sampler holding this slot's game now
+    claimed: dict[str, PolicyState] | None = None  # once claimed, always a sampler's slot: where its groups go
 
 
 @dataclass(eq=False)
@@ -107,6 +116,7 @@ class PolicyState:
     unapplied: set[int] = field(default_factory=set)  # slots holding actions the game has not received yet
     metrics: PolicyMetrics = field(default_factory=PolicyMetrics)
     responses: ResponseTimes = field(default_factory=ResponseTimes)  # trainer answer times
+    sampled: bool = False  # a sampler's own view of the games it claimed (broker/core/claims.py)
 
     @property
     def deadline_s(self) -> float | None:

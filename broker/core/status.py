@@ -74,6 +74,7 @@ def snapshot(hub: Hub) -> dict[str, Any]:
                 "name": s.game.name if s.game else None,
                 "connected": s.game is not None,
                 "ticks": s.game.steps if s.game else 0,
+                "sampler": s.sampler.who if s.sampler else None,  # who holds the game (docs/protocol.md §4a)
             }
             for s in hub.slots
         ],

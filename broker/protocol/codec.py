@@ -178,11 +178,13 @@ class _StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fie
 
 class _BatchWire(_StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
     step: int | msgspec.UnsetType = msgspec.UNSET  # only a default may follow the fields with defaults
+    policy: str | msgspec.UnsetType = msgspec.UNSET  # a sampler's batch
 
 
 class _ActWire(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
     step: int
     actions: dict[str, _ArrayWire]
+    policy: str | msgspec.UnsetType = msgspec.UNSET  # a sampler's act
 
 
 class _ActionsWire(msgspec.Struct, tag_field="type", tag="actions", forbid_unknown_fields=True):
@@ -228,9 +230,14 @@ def _hot_map(wire: Any) -> dict[str, Any]:
         head: dict[str, Any] = {"type": "batch"}
         if not isinstance(wire.step, msgspec.UnsetType):
             head["step"] = wire.step
+        if not isinstance(wire.policy, msgspec.UnsetType):
+            head["policy"] = wire.policy
         return _step_data_map(wire, head)
     if isinstance(wire, _ActWire):
-        return {"type": "act", "step": wire.step, "actions": _arrays_map(wire.actions)}
+        act = {"type": "act", "step": wire.step, "actions": _arrays_map(wire.actions)}
+        if not isinstance(wire.policy, msgspec.UnsetType):
+            act["policy"] = wire.policy
+        return act
     return {"type": "actions", "tick": wire.tick, "groups": {k: _arrays_map(v) for k, v in wire.groups.items()}}
 
 

@@ -64,6 +64,7 @@ class State(Enum):
     LEGACY = "legacy"  # an unmodified godot_rl plugin game, JSON frames
     GAME = "game"
     TRAINER = "trainer"
+    SAMPLER = "sampler"  # a trainer-side session that claimed games: every group of them
     OBSERVER = "observer"  # asks for status once
     # peer side
     AWAIT_GREETING = "await_greeting"
@@ -158,11 +159,13 @@ _ALLOWED: Final[dict[State, tuple[type, ...]]] = {
     State.AWAIT_HELLO: (Hello,),
     State.GAME: (GameStep, Close),
     State.TRAINER: (TrainerReset, TrainerAct, Close),
+    State.SAMPLER: (TrainerReset, TrainerAct, Close),
     State.OBSERVER: (Close,),
 }
 _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
     "game": (GameActions, Error, Close),
     "trainer": (PolicyInfo, Batch, Waiting, Error, Close),
+    "sampler": (PolicyInfo, Batch, Waiting, Error, Close),
     "observer": (Status, Error, Close),
 }
 
@@ -227,7 +230,12 @@ class BrokerConnection:
         if isinstance(message, Hello):  # Hello.from_wire refused any other protocol version first
             self.codec = kind
             self._decoder.max_frame_bytes = self.max_frame_bytes
-            self.state = {"game": State.GAME, "trainer": State.TRAINER, "observer": State.OBSERVER}[message.role]
+            self.state = {
+                "game": State.GAME,
+                "trainer": State.TRAINER,
+                "sampler": State.SAMPLER,
+                "observer": State.OBSERVER,
+            }[message.role]
         return message
 
     def send(self, message: Message) -> bytes:

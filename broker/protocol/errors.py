@@ -26,6 +26,8 @@ class ErrorCode(str, Enum):
     BAD_ACTIONS = "bad_actions"
     UNKNOWN_POLICY = "unknown_policy"
     POLICY_TAKEN = "policy_taken"
+    NO_FREE_GAME = "no_free_game"  # a sampler's claim: fewer unclaimed games than it asked for
+    POLICY_TRAINED = "policy_trained"  # a sampler's claim: a policy of those games has a per-policy trainer
     BROKER_FULL = "broker_full"
     AUTH_FAILED = "auth_failed"
     HELLO_TIMEOUT = "hello_timeout"

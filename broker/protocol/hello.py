@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.fields import Field, WireMessage, check_text, is_int
-from broker.protocol.limits import MAX_GROUPS
+from broker.protocol.limits import MAX_CLAIM, MAX_GROUPS
 from broker.protocol.spaces import MAX_NAME, GroupSpec
 from broker.protocol.stepping import StepOptions
 
@@ -18,8 +18,16 @@ def _bad_hello(message: str) -> RemoteProtocolError:
 
 
 def _role(value: Any, what: str, key: str) -> None:
-    if value not in ("game", "trainer", "observer"):
-        raise _bad_hello(f"hello.role must be 'game', 'trainer' or 'observer', got {summarize(value)}")
+    if value not in ("game", "trainer", "sampler", "observer"):
+        raise _bad_hello(f"hello.role must be 'game', 'trainer', 'sampler' or 'observer', got {summarize(value)}")
+
+
+ALL_GAMES: Final = "all"  # a sampler's claim of every unclaimed game on the broker
+
+
+def _claim(value: Any, what: str, key: str) -> None:
+    if value != ALL_GAMES and (not is_int(value) or not 1 <= value <= MAX_CLAIM):
+        raise _bad_hello(f"hello.claim_games must be 1 to {MAX_CLAIM} or 'all', got {summarize(value)}")
 
 
 def _protocol(value: Any, what: str, key: str) -> None:
@@ -66,16 +74,18 @@ class Hello(WireMessage):
             "stepping",
             _stepping,
             encode=lambda s: s.to_wire(),
-            sent=lambda m: m.role == "trainer" and m.stepping is not None,
+            sent=lambda m: m.role in ("trainer", "sampler") and m.stepping is not None,
         ),
+        Field("claim_games", _claim, sent=lambda m: m.role == "sampler"),
     )
-    role: Literal["game", "trainer", "observer"]
+    role: Literal["game", "trainer", "sampler", "observer"]
     protocol: int
     name: str = ""
     token: str | None = None
     groups: tuple[GroupSpec, ...] = ()  # games only
     policy: str = ""  # trainers only
-    stepping: StepOptions | None = None  # trainers only; None: the broker's defaults
+    stepping: StepOptions | None = None  # trainers and samplers; None: the broker's defaults
+    claim_games: int | str = ALL_GAMES  # samplers only: how many games, or ALL_GAMES
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Hello:
@@ -101,13 +111,21 @@ class Hello(WireMessage):
             if len(set(names)) != len(names):
                 twice = sorted({n for n in names if names.count(n) > 1})[:3]
                 raise _bad_hello(f"hello.groups names a policy twice: {twice}")
-            return cls._trusted({**values, "groups": specs, "policy": "", "stepping": None})
+            return cls._trusted({**values, "groups": specs, "policy": "", "stepping": None, "claim_games": ALL_GAMES})
         if role == "trainer":
             policy = obj.get("policy")
             if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
                 raise _bad_hello("hello.policy must be a non-empty string")
             stepping = obj.get("stepping")
             options = None if stepping is None else StepOptions.from_wire(stepping)
-            return cls._trusted({**values, "groups": (), "policy": policy, "stepping": options})
+            return cls._trusted(
+                {**values, "groups": (), "policy": policy, "stepping": options, "claim_games": ALL_GAMES}
+            )
+        if role == "sampler":
+            claim = obj.get("claim_games")
+            _claim(claim, "hello", "claim_games")
+            stepping = obj.get("stepping")
+            options = None if stepping is None else StepOptions.from_wire(stepping)
+            return cls._trusted({**values, "groups": (), "policy": "", "stepping": options, "claim_games": claim})
         _role(role, "hello", "role")
-        return cls._trusted({**values, "groups": (), "policy": "", "stepping": None})
+        return cls._trusted({**values, "groups": (), "policy": "", "stepping": None, "claim_games": ALL_GAMES})

@@ -26,3 +26,4 @@ MAX_JSON_INT_DIGITS: Final = 20
 # keeps a forwarded batch within MAX_NESTING with room to spare.
 MAX_INFO_NESTING: Final = 16
 MAX_GROUPS: Final = 64  # agent groups (policies) in one game
+MAX_CLAIM: Final = 4096  # games one sampler may claim

@@ -29,7 +29,7 @@ from broker.protocol.fields import (
     is_int,
     malformed,
 )
-from broker.protocol.hello import Hello
+from broker.protocol.hello import ALL_GAMES, Hello
 from broker.protocol.limits import MAX_GROUPS
 from broker.protocol.spaces import PolicySpaces
 from broker.protocol.stepdata import MAX_INFO_ENTRIES, StepData, check_info
@@ -45,6 +45,7 @@ from broker.protocol.stepping import (
 )
 
 __all__ = [
+    "ALL_GAMES",
     "DEFAULT_HOLD_DEADLINE_MS",
     "HOLD_ACTIONS",
     "HOLD_DEADLINE_DEFAULT_TEXT",
@@ -114,15 +115,18 @@ class TrainerReset(WireMessage):
 
 @dataclass(frozen=True, slots=True)
 class TrainerAct(WireMessage):
-    """A trainer's actions for every slot of its policy, answering batch ``step``."""
+    """A trainer's actions for every slot of its policy, answering batch ``step``. A sampler names the
+    policy (``policy``); a per-policy trainer leaves it empty."""
 
     TYPE: ClassVar[str] = "act"
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("step", counter()),
         Field("actions", check_array_map, decode_array_field, encode_arrays),
+        Field("policy", check_text, absent="", sent=lambda m: m.policy != ""),
     )
     step: int
     actions: dict[str, np.ndarray]
+    policy: str = ""
 
 
 # --- broker -> peer -------------------------------------------------------------------------------
@@ -233,15 +237,17 @@ def _step_data(value: Any, what: str, key: str) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Batch(WireMessage):
-    """One step of a policy's VecEnv: every slot, from every game."""
+    """One step of a policy's VecEnv: every slot, from every game. To a sampler it names the policy."""
 
     TYPE: ClassVar[str] = "batch"
     FIELDS: ClassVar[tuple[Field, ...]] = (
         Field("step", counter()),
         Field("data", _step_data, lambda obj, what, key: StepData.from_wire(obj, what), StepData.to_wire, wire=None),
+        Field("policy", check_text, absent="", sent=lambda m: m.policy != ""),
     )
     step: int
     data: StepData
+    policy: str = ""  # set in batches to a sampler, which holds several policies
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import structlog
 
 from broker.core.batching import UnencodableMessage
+from broker.core.claims import SamplerSession
 from broker.core.sessions import GameSession, TrainerSession
 from broker.legacy.game_connection import CallAnswered, GodotRlGameConnection
 from broker.protocol import PROTOCOL_VERSION
@@ -75,6 +76,7 @@ class PeerProtocol(asyncio.Protocol):
         self.label = "?"
         self.game: GameSession | None = None
         self.trainer: TrainerSession | None = None
+        self.sampler: SamplerSession | None = None
         self.closing = False
         self._hello_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
@@ -167,7 +169,7 @@ class PeerProtocol(asyncio.Protocol):
         self.server.admitted.discard(self)
         if self.large_frames or self.game is not None:
             self.server.schedule_heap_trim()
-        if self.game is not None or self.trainer is not None:
+        if self.game is not None or self.trainer is not None or self.sampler is not None:
             self.server.leave(self)
         log.debug("disconnected", peer=self.label, reason=str(exc) if exc else "closed")
 
@@ -181,11 +183,12 @@ class PeerProtocol(asyncio.Protocol):
                 self._cancel_hello_timer()
                 self._check_token(event)
                 self._admit()
-            if event.role in ("game", "trainer"):
+            if event.role in ("game", "trainer", "sampler"):
                 self.server.enter(self, event)
                 session = self.hub.session(self)
                 self.game = session if isinstance(session, GameSession) else None
                 self.trainer = session if isinstance(session, TrainerSession) else None
+                self.sampler = session if isinstance(session, SamplerSession) else None
             else:  # an observer: status once, then goodbye
                 self.send(Welcome(PROTOCOL_VERSION, 0))
                 self.send(Status(wire_safe(self.server.status())))

@@ -173,7 +173,7 @@ class BrokerServer:
         for peer in list(self.connections):
             if isinstance(peer.connection, GodotRlGameConnection):  # joined or refused: its close quits it
                 peer.close(Close(reason))
-            elif peer.trainer is not None:
+            elif peer.trainer is not None or peer.sampler is not None:
                 peer.close(Error(ErrorCode.SHUTTING_DOWN.value, reason))
             elif peer.game is not None:
                 peer.close(Close(reason))

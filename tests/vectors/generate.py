@@ -195,6 +195,16 @@ def messages() -> list[tuple[str, str, Message]]:
         ("status", "broker->observer", Status({"games": [{"slot": 0, "name": "level-1"}], "uptime_s": 1.5})),
         ("error_version", "broker->peer", Error("version_mismatch", "peer speaks protocol 2, this broker speaks 1")),
         ("close", "either", Close("broker shutting down")),
+        # game-claiming samplers (docs/protocol.md, "Samplers")
+        ("hello_sampler", "sampler->broker", Hello("sampler", PROTOCOL_VERSION, "rllib-runner-1", claim_games=2)),
+        ("hello_sampler_all", "sampler->broker", Hello("sampler", PROTOCOL_VERSION, "runner", claim_games="all")),
+        (
+            "batch_to_sampler",
+            "broker->sampler",
+            Batch(3, StepData({"obs": f32([0.5, 0.0])}, f32(1.0), np.array([False]), np.array([True])), "platform"),
+        ),
+        ("act_from_sampler", "sampler->broker", TrainerAct(3, {"dir": np.array([2], np.int32)}, "platform")),
+        ("error_no_free_game", "broker->sampler", Error("no_free_game", "claim of 2 games: 1 free")),
     ]
 
 

@@ -1,0 +1,118 @@
+"""RLlib PPO training both policies of the simulated game through a broker (docs/scale_out.md).
+
+Start a broker and its games, then this script::
+
+    gdrl-broker serve --games 4 &
+    for i in 0 1 2 3; do gdrl-broker sim-game --seed $i & done
+    python examples/rllib_two_policies.py --env-runners 2 --claim-games 2 --iterations 20
+
+Each env runner's ``BrokerMultiAgentEnv`` claims its own games from the broker on its node and steps both
+groups of them; one RLModule per broker policy (``policy_mapping_fn``: the agent id's prefix). On a cluster
+give every game host a resource (``ray start --resources='{"game_host": 1}'``) and pass
+``--runner-resource game_host`` so that each env runner lands on a game host and dials its broker there.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from broker.protocol import DEFAULT_ADDRESS
+from clients.rllib_env import BrokerMultiAgentEnv, policy_mapping_fn, policy_of
+from clients.sim_game import MOVER, PICKER
+
+ENV_NAME = "gdrl-broker"
+
+
+def ppo_config(
+    env_config: dict[str, Any],
+    policies: Sequence[str] = (MOVER, PICKER),
+    env_runners: int = 2,
+    runner_resources: dict[str, float] | None = None,
+    seed: int = 0,
+) -> Any:
+    """A PPOConfig for one module per policy over broker games (RLlib's new API stack)."""
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.connectors.env_to_module import FlattenObservations
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    from ray.rllib.core.rl_module.multi_rl_module import MultiRLModuleSpec
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.tune.registry import register_env
+
+    register_env(ENV_NAME, lambda config: BrokerMultiAgentEnv(config))
+    return (
+        PPOConfig()
+        .environment(ENV_NAME, env_config=env_config)
+        .env_runners(
+            num_env_runners=env_runners,
+            num_cpus_per_env_runner=0.5,  # stepping a broker session is light; leave the cores to the learner
+            custom_resources_per_env_runner=runner_resources or {},
+            env_to_module_connector=lambda env, spaces, device: FlattenObservations(multi_agent=True),
+            rollout_fragment_length=50,
+        )
+        .multi_agent(policies=set(policies), policy_mapping_fn=policy_mapping_fn)
+        .rl_module(
+            rl_module_spec=MultiRLModuleSpec(
+                rl_module_specs={
+                    p: RLModuleSpec(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64])) for p in policies
+                }
+            )
+        )
+        .training(
+            train_batch_size_per_learner=100 * env_runners, minibatch_size=50 * env_runners, num_epochs=4, lr=3e-4
+        )
+        .fault_tolerance(restart_failed_env_runners=True)
+        .debugging(seed=seed)
+    )
+
+
+def mean_agent_returns(result: dict[str, Any]) -> dict[str, float]:
+    """Mean return per agent of each policy, from a training result (``agent_episode_returns_mean``)."""
+    per_agent = result.get("env_runners", {}).get("agent_episode_returns_mean", {})
+    totals: dict[str, list[float]] = {}
+    for agent, value in per_agent.items():
+        totals.setdefault(policy_of(agent), []).append(float(value))
+    return {policy: sum(v) / len(v) for policy, v in totals.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--broker", default=DEFAULT_ADDRESS, help="the broker on each env runner's node")
+    parser.add_argument("--env-runners", type=int, default=2)
+    parser.add_argument("--claim-games", default="all", help="games per env runner, or 'all'")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--runner-resource", default="", help="a custom resource each env runner needs")
+    parser.add_argument("--checkpoint", default="", help="save the algorithm here at the end")
+    parser.add_argument("--onnx-dir", default="", help="export one ONNX file per policy here at the end")
+    args = parser.parse_args(argv)
+    import ray
+
+    from clients.rllib_env import export_module_onnx
+
+    ray.init(ignore_reinit_error=True)
+    claim = args.claim_games if args.claim_games == "all" else int(args.claim_games)
+    resources = {args.runner_resource: 1.0} if args.runner_resource else None
+    algo = ppo_config(
+        {"broker": args.broker, "claim_games": claim}, env_runners=args.env_runners, runner_resources=resources
+    ).build_algo()
+    for i in range(args.iterations):
+        result = algo.train()
+        print(f"iteration {i + 1}: mean return per agent {mean_agent_returns(result)}", flush=True)
+    if args.checkpoint:
+        print("checkpoint:", algo.save_to_path(args.checkpoint))
+    modules = {policy: algo.get_module(policy) for policy in (MOVER, PICKER)}
+    algo.stop()  # the env runners release their games
+    if args.onnx_dir:
+        env = BrokerMultiAgentEnv({"broker": args.broker, "claim_games": 1})  # for the game's spaces
+        try:
+            for policy, spaces in env.spaces.items():
+                path = f"{args.onnx_dir}/{policy}.onnx"
+                export_module_onnx(modules[policy], path, spaces, policy_name=policy)
+                print("onnx:", path)
+        finally:
+            env.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""Samplers over real loopback sockets: a broker subprocess, sim-game subprocesses, a sampler and a
+per-policy trainer sharing the broker on different games, the refusals as clients see them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clients.errors import BrokerError
+from clients.sampler import SamplerLink
+from clients.sim_game import MOVER, PICKER
+from clients.spaces import ActionCodec
+from clients.vec_env import BrokerVecEnv
+from tests.test_train import sim_broker
+
+
+def random_actions(link: SamplerLink, policy: str, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    codec = ActionCodec(link.policies[policy].spaces)
+    codec.space.seed(int(rng.integers(1 << 30)))
+    return codec.to_wire(np.stack([codec.space.sample() for _ in range(link.policies[policy].n_envs)]))
+
+
+def test_a_sampler_and_a_per_policy_trainer_share_one_broker(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    with sim_broker(tmp_path, [(2, 3), (2, 3), (2, 3)]) as address:
+        sampler = SamplerLink(address, 2, name="sampler-a", timeout_claim=60)
+        assert len(sampler.games) == 2 and list(sampler.policies) == [MOVER, PICKER]
+        assert [sampler.policies[p].n_envs for p in (MOVER, PICKER)] == [4, 6]
+        trainer = BrokerVecEnv(MOVER, address, name="ppo-mover")  # the layout completes with the third game
+        try:
+            assert trainer.num_envs == 2 and [g.game_index for g in trainer.policy_info.games] == [
+                ({0, 1, 2} - set(sampler.games)).pop()
+            ]
+            with pytest.raises(BrokerError) as refused:
+                SamplerLink(address, 1, timeout_claim=1.0)
+            assert refused.value.code == "policy_trained" and "'mover'" in refused.value.message
+            trainer.reset()
+            rewards = {MOVER: 0.0, PICKER: 0.0}
+            for _ in range(30):
+                batches = sampler.wait()
+                for policy, batch in batches.items():
+                    assert batch.policy == policy and batch.data.reward.shape == (sampler.policies[policy].n_envs,)
+                    assert batch.data.frames is not None  # hold stepping: each transition's ticks
+                    rewards[policy] += float(batch.data.reward.sum())
+                    sampler.act(policy, random_actions(sampler, policy, rng))
+                trainer.step(np.stack([trainer.action_space.sample() for _ in range(trainer.num_envs)]))
+            assert rewards[MOVER] != 0.0 and rewards[PICKER] != 0.0  # the games moved under our actions
+        finally:
+            trainer.close()
+        games = sampler.games
+        sampler.close()
+        with pytest.raises(BrokerError) as none_left:
+            SamplerLink(address, 3, timeout_claim=1.0)
+        assert none_left.value.code in ("no_free_game", "policy_trained")
+        again = SamplerLink(address, 2, name="sampler-b", timeout_claim=30)  # its predecessor's games
+        try:
+            assert again.games == games
+            assert set(again.wait()) == {MOVER, PICKER}
+        finally:
+            again.close()

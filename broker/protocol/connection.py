@@ -31,6 +31,7 @@ from broker.protocol.gather import Buffer, frame_buffers
 from broker.protocol.messages import (
     Batch,
     Close,
+    Control,
     Error,
     GameActions,
     GameStep,
@@ -65,6 +66,7 @@ class State(Enum):
     GAME = "game"
     TRAINER = "trainer"
     OBSERVER = "observer"  # asks for status once
+    CONTROL = "control"  # sends one Control request
     # peer side
     AWAIT_GREETING = "await_greeting"
     AWAIT_WELCOME = "await_welcome"
@@ -159,11 +161,13 @@ _ALLOWED: Final[dict[State, tuple[type, ...]]] = {
     State.GAME: (GameStep, Close),
     State.TRAINER: (TrainerReset, TrainerAct, Close),
     State.OBSERVER: (Close,),
+    State.CONTROL: (Control, Close),
 }
 _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
     "game": (GameActions, Error, Close),
     "trainer": (PolicyInfo, Batch, Waiting, Error, Close),
     "observer": (Status, Error, Close),
+    "control": (Status, Error, Close),
 }
 
 
@@ -227,7 +231,12 @@ class BrokerConnection:
         if isinstance(message, Hello):  # Hello.from_wire refused any other protocol version first
             self.codec = kind
             self._decoder.max_frame_bytes = self.max_frame_bytes
-            self.state = {"game": State.GAME, "trainer": State.TRAINER, "observer": State.OBSERVER}[message.role]
+            self.state = {
+                "game": State.GAME,
+                "trainer": State.TRAINER,
+                "observer": State.OBSERVER,
+                "control": State.CONTROL,
+            }[message.role]
         return message
 
     def send(self, message: Message) -> bytes:

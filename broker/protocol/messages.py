@@ -98,8 +98,8 @@ def _bad_hello(message: str) -> RemoteProtocolError:
 
 
 def _role(value: Any, what: str, key: str) -> None:
-    if value not in ("game", "trainer", "observer"):
-        raise _bad_hello(f"hello.role must be 'game', 'trainer' or 'observer', got {summarize(value)}")
+    if value not in ("game", "trainer", "observer", "control"):
+        raise _bad_hello(f"hello.role must be 'game', 'trainer', 'observer' or 'control', got {summarize(value)}")
 
 
 def _protocol(value: Any, what: str, key: str) -> None:
@@ -149,7 +149,7 @@ class Hello(WireMessage):
             sent=lambda m: m.role == "trainer" and m.stepping is not None,
         ),
     )
-    role: Literal["game", "trainer", "observer"]
+    role: Literal["game", "trainer", "observer", "control"]  # control: one Control request, answered
     protocol: int
     name: str = ""
     token: str | None = None
@@ -376,6 +376,22 @@ class Status(WireMessage):
     status: dict[str, Any]
 
 
+def _control_args(value: Any, what: str, key: str) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise malformed("control.args must be a map with string keys")
+
+
+@dataclass(frozen=True, slots=True)
+class Control(WireMessage):
+    """A control peer's one request (``freeze``, ``unfreeze``, ``self_play``); answered by a ``status``
+    holding the result, or an ``error``; then the broker closes the connection."""
+
+    TYPE: ClassVar[str] = "control"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("command", check_text), Field("args", _control_args, absent={}))
+    command: str
+    args: dict[str, Any]
+
+
 # --- either direction -----------------------------------------------------------------------------
 
 
@@ -409,6 +425,7 @@ Message = (
     | Batch
     | Waiting
     | Status
+    | Control
     | Error
     | Close
 )
@@ -426,6 +443,7 @@ MESSAGE_TYPES: dict[str, Any] = {
         Batch,
         Waiting,
         Status,
+        Control,
         Error,
         Close,
     )

@@ -42,6 +42,7 @@ class ServerConfig:
     seed: int = 0
     headless: bool = False
     godot_rl_trainers: tuple[str, ...] = ()  # "POLICY=HOST:PORT" each
+    frozen: tuple[str, ...] = ()  # "GROUP=PATH.onnx" each: groups the broker plays itself (frozen.py)
 
     def validate(self) -> None:
         if not self.is_loopback() and not self.token:

@@ -23,6 +23,7 @@ from broker.protocol.framing import encode_frame  # noqa: E402
 from broker.protocol.messages import (  # noqa: E402
     Batch,
     Close,
+    Control,
     Error,
     GameActions,
     GameLayout,
@@ -195,6 +196,7 @@ def messages() -> list[tuple[str, str, Message]]:
         ("status", "broker->observer", Status({"games": [{"slot": 0, "name": "level-1"}], "uptime_s": 1.5})),
         ("error_version", "broker->peer", Error("version_mismatch", "peer speaks protocol 2, this broker speaks 1")),
         ("close", "either", Close("broker shutting down")),
+        ("control", "control->broker", Control("freeze", {"group": "blue", "path": "/models/blue.onnx"})),
     ]
 
 

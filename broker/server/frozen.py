@@ -38,7 +38,7 @@ from broker.protocol.messages import (
     TrainerReset,
 )
 from broker.server.onnx_model import FileStamp, ModelError, OnnxModel
-from broker.server.pool import PoolSettings, SnapshotPool
+from broker.server.pool import PoolSettings, SnapshotPool, saved_settings
 
 if TYPE_CHECKING:
     from broker.server.server import BrokerServer
@@ -54,10 +54,10 @@ class ControlError(ValueError):
 
 
 def parse_frozen_target(text: str) -> tuple[str, str]:
-    """``GROUP=PATH.onnx`` -> (group, path) (ValueError if malformed)."""
+    """``GROUP=PATH`` -> (group, path) (ValueError if malformed)."""
     group, sep, path = text.partition("=")
     if not sep or not group or not path:
-        raise ValueError(f"--frozen takes GROUP=PATH.onnx, got {text!r}")
+        raise ValueError(f"expected GROUP=PATH, got {text!r}")
     return group, path
 
 
@@ -342,6 +342,9 @@ class FrozenGroups:
         for target in self.server.config.frozen:
             group, path = parse_frozen_target(target)
             self.freeze(group, path)
+        for target in self.server.config.self_play_pools:
+            group, directory = parse_frozen_target(target)
+            self.self_play(group, saved_settings(directory))
 
     def freeze(self, group: str, path: str) -> asyncio.Future[OnnxModel]:
         """Play ``group`` from the model at ``path`` (ControlError if the group has a trainer)."""

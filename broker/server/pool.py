@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.core.elo import EloTable
-
-STATE_FILE = "pool.json"
-SNAPSHOT_PREFIX = "snapshot-"
+from broker.protocol.snapshots import POOL_STATE_FILE, snapshot_index
 
 
 @dataclass(frozen=True)
@@ -29,10 +27,6 @@ class Snapshot:
     steps: int
 
 
-def snapshot_name(index: int) -> str:
-    return f"{SNAPSHOT_PREFIX}{index:06d}"
-
-
 def list_snapshots(directory: str | Path) -> list[Snapshot]:
     """Complete snapshots (model and metadata written), oldest first."""
     out = []
@@ -41,11 +35,11 @@ def list_snapshots(directory: str | Path) -> list[Snapshot]:
     except OSError:
         return []
     for file in names:
-        if not (file.startswith(SNAPSHOT_PREFIX) and file.endswith(".json")):
+        stem = file.removesuffix(".json")
+        index = snapshot_index(stem)
+        if index is None or stem == file:
             continue
-        stem = file[:-5]
         try:
-            index = int(stem[len(SNAPSHOT_PREFIX) :])
             with open(os.path.join(directory, file), encoding="utf-8") as f:
                 meta = json.load(f)
             steps = int(meta.get("steps", 0))
@@ -89,6 +83,25 @@ class PoolSettings:
         }
 
 
+def saved_settings(directory: str) -> PoolSettings:
+    """The settings a pool was last played with, from its ``pool.json`` (ValueError if there are none)."""
+    path = Path(directory) / POOL_STATE_FILE
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))["settings"]
+        settings = PoolSettings(
+            directory=str(Path(directory).resolve()),
+            learner=str(saved["learner"]),
+            window=int(saved["window"]),
+            play_latest=float(saved["play_latest"]),
+            swap_every=int(saved["swap_every"]),
+            seed=int(saved.get("seed", 0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} holds no pool settings ({type(exc).__name__}: {exc})") from None
+    settings.validate()
+    return settings
+
+
 class SnapshotPool:
     def __init__(self, settings: PoolSettings) -> None:
         settings.validate()
@@ -103,7 +116,7 @@ class SnapshotPool:
 
     @property
     def state_path(self) -> Path:
-        return self.directory / STATE_FILE
+        return self.directory / POOL_STATE_FILE
 
     def load_state(self) -> None:
         """Continue from ``pool.json`` if there is one (ValueError if it is unreadable)."""

@@ -223,3 +223,37 @@ def test_serve_refuses_a_bad_frozen_file(tmp_path: Path) -> None:
     proc = spawn_python("-m", "broker", "serve", "--port", "0", "--frozen", f"{MOVER}={plain}", stderr=-1, stdout=-1)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "no gdrl_layout metadata" in err.decode()
+
+
+def test_frozen_throughput_benchmark_runs(tmp_path: Path) -> None:
+    """The benchmark's smoke: both cases answer the group and the ratio is reported (speed not judged)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import python_env
+
+    out = tmp_path / "frozen.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.frozen_throughput",
+            "--agents",
+            "16",
+            "--warmup-s",
+            "0.2",
+            "--measure-s",
+            "1",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=python_env(),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["frozen"]["ticks"] > 0 and results["trainer"]["ticks"] > 0
+    assert results["frozen_over_trainer"] > 0

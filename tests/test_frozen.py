@@ -119,7 +119,17 @@ def assert_actions_are_onnxruntimes(
     np.testing.assert_array_equal(got, want)
 
 
-def test_frozen_group_is_answered_by_onnx_across_games(tmp_path: Path) -> None:
+def test_frozen_group_is_answered_by_onnx_across_games(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from broker.server.onnx_model import OnnxModel
+
+    threads: set[str] = set()
+    real_act = OnnxModel.act
+
+    def act(self: OnnxModel, obs: dict[str, np.ndarray], spaces: Any) -> dict[str, np.ndarray]:
+        threads.add(threading.current_thread().name)
+        return real_act(self, obs, spaces)
+
+    monkeypatch.setattr(OnnxModel, "act", act)
     model = picker_model(tmp_path / "picker.onnx")
     with InProcessBroker(expected_games=2, stepping="barrier", frozen=(f"{PICKER}={model}",)) as broker:
         games = [RecordingGame(broker.address, seed) for seed in (1, 2)]
@@ -136,6 +146,7 @@ def test_frozen_group_is_answered_by_onnx_across_games(tmp_path: Path) -> None:
     # one inference per batch, each over both games' agents
     assert frozen["agent_steps"] == frozen["batches"] * 2 * N_PICKERS and frozen["batches"] >= 40
     assert status["policies"][PICKER]["trainer"] == f"frozen[{PICKER}]"
+    assert threads and all(name.startswith("gdrl-frozen") for name in threads), threads  # never the loop's
 
 
 def test_changed_model_file_is_reloaded_and_a_bad_one_keeps_the_old(tmp_path: Path) -> None:

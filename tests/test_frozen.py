@@ -268,3 +268,35 @@ def test_frozen_throughput_benchmark_runs(tmp_path: Path) -> None:
     results = json.loads(out.read_text())
     assert results["frozen"]["ticks"] > 0 and results["trainer"]["ticks"] > 0
     assert results["frozen_over_trainer"] > 0
+
+
+def test_control_requests_are_checked(tmp_path: Path) -> None:
+    """One request per control connection; unknown commands and missing arguments get bad_control; the
+    token is required of control peers as of any peer."""
+    from broker.protocol import PROTOCOL_VERSION
+    from broker.protocol.messages import Control, Hello
+    from clients.transport import PeerSocket
+
+    with InProcessBroker(expected_games=1, token="s3cret") as broker:
+        with pytest.raises(BrokerError) as no_token:
+            send_control(broker.address, "unfreeze", {"group": PICKER})
+        assert no_token.value.code == "auth_failed"
+        with pytest.raises(BrokerError) as unknown:
+            send_control(broker.address, "reboot", {}, token="s3cret")
+        assert unknown.value.code == "bad_control" and "unknown control command 'reboot'" in unknown.value.message
+        with pytest.raises(BrokerError) as missing:
+            send_control(broker.address, "freeze", {"group": PICKER}, token="s3cret")
+        assert "needs 'path'" in missing.value.message
+        with pytest.raises(BrokerError) as bad_pool:
+            send_control(broker.address, "self_play", {"group": "b", "learner": "a", "pool": str(tmp_path),
+                                                       "play_latest": 2.0}, token="s3cret")  # fmt: skip
+        assert "play_latest must be within [0, 1]" in bad_pool.value.message
+        sock = PeerSocket(broker.address, Hello("control", PROTOCOL_VERSION, "twice", "s3cret"), timeout_recv=10)
+        sock.send(Control("unfreeze", {"group": PICKER}))
+        sock.send(Control("unfreeze", {"group": PICKER}))
+        with pytest.raises(BrokerError) as twice:
+            while True:
+                sock.recv()
+        assert twice.value.code in ("unexpected_message", "bad_control")
+        sock.close()
+        assert broker.call(broker.server.status)["frozen"] == {}

@@ -198,6 +198,8 @@ class PeerProtocol(asyncio.Protocol):
         elif isinstance(event, (GameStep, TrainerAct, TrainerReset)):
             self.server.enter(self, event)
         elif isinstance(event, Control):
+            if self.control_task is not None:
+                raise RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "one control request per connection")
             self.control_task = asyncio.ensure_future(self._control(event))  # kept: a task is weakly held
         elif isinstance(event, Close):
             log.info("peer said goodbye", peer=self.label, reason=event.reason)

@@ -131,7 +131,8 @@ def plot(curve: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    points = [(c["red_env_steps"] * 225, c["elo"]["red"]) for c in curve if c["elo"].get("red") and c["red_env_steps"]]
+    # the status' env_steps counts the VecEnv's envs, i.e. agent steps
+    points = [(c["red_env_steps"], c["elo"]["red"]) for c in curve if c["elo"].get("red") and c["red_env_steps"]]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     if points:
         ax.plot([p[0] for p in points], [p[1] for p in points], label="red (live policy)")
@@ -165,6 +166,11 @@ def evaluate(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             print(f"evaluated red {red_kind} vs blue {blue_kind}", file=sys.stderr, flush=True)
     env.close()
     return rows
+
+
+def replot(out: Path) -> None:
+    """``elo.png`` again from a finished run's ``results.json``."""
+    plot(json.loads((out / "results.json").read_text())["training"]["curve"], out / "elo.png")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -137,3 +137,21 @@ def test_self_play_refuses_groups_whose_spaces_differ(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "cannot start self-play against 'mover'" in done.stderr
     assert "self-play needs the same spaces" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--opponent", "mover"], "--opponent must be another group than --policy"),
+        (["--opponent", "blue", "--play-latest", "1.5"], "--play-latest must be within [0, 1]"),
+        (["--opponent", "blue", "--window", "0"], "must be positive"),
+        (["--opponent", "blue", "--inference", "--resume-model-path", __file__], "does not go with --inference"),
+    ],
+)
+def test_bad_self_play_flags_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from clients.train import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--policy", "mover", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

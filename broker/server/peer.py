@@ -222,6 +222,10 @@ class PeerProtocol(asyncio.Protocol):
             log.warning("control refused", peer=self.label, command=request.command, error=str(exc))
             self.close(Error(ErrorCode.BAD_CONTROL.value, str(exc)))
             return
+        except Exception as exc:  # a fault of ours: the asker hears of it, the broker goes on
+            log.exception("control failed", peer=self.label, command=request.command)
+            self.close(Error(ErrorCode.INTERNAL.value, f"control {request.command} failed: {exc}"))
+            return
         log.info("control done", peer=self.label, command=request.command)
         self.send(Status(wire_safe(result)))
         self.close(Close("control done"))

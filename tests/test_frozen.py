@@ -200,8 +200,11 @@ def test_freeze_at_run_time_status_and_refusals(tmp_path: Path) -> None:
             assert "takes observations" in wrong.value.message
             result = send_control(address, "freeze", {"group": PICKER, "path": str(model)})
             assert result["frozen"][PICKER]["version"] == 1
-            wait_for(lambda: fetch_status(address)["frozen"][PICKER]["agent_steps"] > 30, what="frozen steps")
+            wait_for(lambda: fetch_status(address)["frozen"][PICKER]["episodes"] > 0, what="a frozen episode")
             status = fetch_status(address)
+            # a plain frozen group plays, as its file, against the games' other policies
+            assert status["frozen"][PICKER]["player"] == "picker.onnx"
+            assert set(status["elo"]) == {"picker.onnx", MOVER}
             table = render_table(status)
             assert "frozen v1" in table and f"frozen {PICKER}: model {model}" in table
             assert MOVER not in status["frozen"]  # refused requests left nothing behind

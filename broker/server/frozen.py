@@ -143,7 +143,7 @@ class FrozenGroup:
                 loaded = self.model.stamp if self.model else None
                 if stamp is not None and self.loading is None and stamp not in (loaded, self.failed_stamp):
                     self.failed_stamp = stamp  # until it loads: a broken file is reported once, not every check
-                    self.start_load(self.model_path, Path(self.model_path).stem)
+                    self.start_load(self.model_path, Path(self.model_path).name)
             else:
                 self._maybe_swap()
             self.save_pool()
@@ -349,7 +349,7 @@ class FrozenGroups:
     def freeze(self, group: str, path: str) -> asyncio.Future[OnnxModel]:
         """Play ``group`` from the model at ``path`` (ControlError if the group has a trainer)."""
         frozen = self._attach(FrozenGroup(self, group, model_path=path))
-        return frozen.start_load(path, Path(path).stem)
+        return frozen.start_load(path, Path(path).name)
 
     def self_play(self, group: str, settings: PoolSettings) -> FrozenGroup:
         """Play ``group`` from ``settings.directory``'s snapshots; the same request again is a no-op."""

@@ -130,6 +130,22 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="POLICY=HOST:PORT",
         help="serve POLICY's agents to an unmodified godot_rl training script listening there (repeatable)",
     )
+    parser.add_argument(
+        "--frozen",
+        action="append",
+        default=[],
+        metavar="GROUP=PATH.onnx",
+        help="the broker plays GROUP itself with this ONNX model (gdrl-train --onnx-export-path), reloaded "
+        "when the file changes; no trainer needed (repeatable; docs/self_play.md)",
+    )
+    parser.add_argument(
+        "--self-play-pool",
+        action="append",
+        default=[],
+        metavar="GROUP=DIR",
+        help="play GROUP from this self-play pool with the settings saved in DIR/pool.json, continuing its "
+        "rotation and Elo (a restarted broker; gdrl-train --opponent sets a pool up; repeatable)",
+    )
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
     parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
 
@@ -159,6 +175,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         seed=args.seed,
         headless=args.headless,
         godot_rl_trainers=tuple(args.godot_rl_trainer),
+        frozen=tuple(args.frozen),
+        self_play_pools=tuple(args.self_play_pool),
     )
 
 
@@ -183,6 +201,30 @@ def check_godot_rl_options(config: ServerConfig) -> None:
     policies = [parse_trainer_target(target)[0] for target in config.godot_rl_trainers]
     if len(set(policies)) != len(policies):
         raise ValueError(f"--godot-rl-trainer names a policy twice: {policies}")
+    check_frozen_options(config)
+
+
+def check_frozen_options(config: ServerConfig) -> None:
+    """Every --frozen model loads (ValueError naming the file and what is wrong with it)."""
+    from broker.server.frozen import parse_frozen_target
+    from broker.server.onnx_model import OnnxModel
+    from broker.server.pool import SnapshotPool, saved_settings
+
+    groups = [parse_frozen_target(target)[0] for target in config.frozen + config.self_play_pools]
+    if len(set(groups)) != len(groups):
+        raise ValueError(f"--frozen and --self-play-pool name a group twice: {groups}")
+    for target in config.self_play_pools:
+        group, directory = parse_frozen_target(target)
+        try:
+            SnapshotPool(saved_settings(directory))
+        except ValueError as exc:
+            raise ValueError(f"--self-play-pool {group}: {exc}") from None
+    for target in config.frozen:
+        group, path = parse_frozen_target(target)
+        try:
+            OnnxModel.load(path)
+        except ValueError as exc:
+            raise ValueError(f"--frozen {group}: {exc}") from None
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, Subcommands]:

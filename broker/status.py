@@ -58,4 +58,25 @@ def prometheus_text(status: dict[str, Any]) -> str:
                 value = 1 if value else 0
             if value is not None:
                 out.append(f"{metric}{{policy={json.dumps(name)}}} {float(value)}")
+    out += _self_play_metrics(status)
     return "\n".join(out) + "\n"
+
+
+def _self_play_metrics(status: dict[str, Any]) -> list[str]:
+    """Frozen groups (docs/self_play.md) and the Elo table."""
+    frozen, ratings = status.get("frozen", {}), status.get("elo", {})
+    out = [
+        "# HELP gdrl_frozen_model_version Models loaded so far by a group the broker plays itself.",
+        "# TYPE gdrl_frozen_model_version gauge",
+    ]
+    out += [f"gdrl_frozen_model_version{{policy={json.dumps(g)}}} {float(f['version'])}" for g, f in frozen.items()]
+    out += [
+        "# HELP gdrl_frozen_agent_steps_total Agent steps a frozen group was answered by its model.",
+        "# TYPE gdrl_frozen_agent_steps_total counter",
+    ]
+    out += [
+        f"gdrl_frozen_agent_steps_total{{policy={json.dumps(g)}}} {float(f['agent_steps'])}" for g, f in frozen.items()
+    ]
+    out += ["# HELP gdrl_elo_rating Elo rating of a live policy or a snapshot.", "# TYPE gdrl_elo_rating gauge"]
+    out += [f"gdrl_elo_rating{{player={json.dumps(p)}}} {float(r)}" for p, r in ratings.items()]
+    return out

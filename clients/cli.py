@@ -25,12 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     demo.add_arguments(demo_parser)
     _add_status_command(commands)
+    _add_control_commands(commands)
 
     args = parser.parse_args(argv)
     if args.command == "serve":
         broker_cli.run_serve(parser, args)
     elif args.command == "status":
         _print_status(parser, args)
+    elif args.command in ("freeze", "unfreeze"):
+        _control(parser, args)
     elif args.command == "sim-game":
         sys.exit(sim_game.run_from_args(args))
     elif args.command == "demo":
@@ -50,6 +53,40 @@ def _add_status_command(commands: broker_cli.Subcommands) -> None:
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker's answer")
     parser.add_argument("--json", action="store_true", help="print the raw JSON")
     parser.add_argument("--prometheus", action="store_true", help="print Prometheus text format")
+
+
+def _add_control_commands(commands: broker_cli.Subcommands) -> None:
+    freeze = commands.add_parser(
+        "freeze",
+        help="have a running broker play a group itself with an ONNX model (docs/self_play.md)",
+        formatter_class=broker_cli.HelpFormatter,
+    )
+    freeze.add_argument("target", metavar="GROUP=PATH.onnx", help="the group and its model file")
+    unfreeze = commands.add_parser(
+        "unfreeze", help="stop playing a frozen group: it waits for a trainer", formatter_class=broker_cli.HelpFormatter
+    )
+    unfreeze.add_argument("group", help="the frozen group")
+    for sub in (freeze, unfreeze):
+        sub.add_argument("--address", default=DEFAULT_ADDRESS, help="broker address, host:port or unix:/path")
+        sub.add_argument(
+            "--token", default=os.environ.get("GDRL_BROKER_TOKEN"), help="shared token (env GDRL_BROKER_TOKEN)"
+        )
+
+
+def _control(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    try:
+        if args.command == "freeze":
+            group, sep, path = args.target.partition("=")
+            if not sep or not group or not path:
+                raise ValueError(f"expected GROUP=PATH.onnx, got {args.target!r}")
+            result = status.send_control(
+                args.address, "freeze", {"group": group, "path": os.path.abspath(path)}, args.token
+            )
+        else:
+            result = status.send_control(args.address, "unfreeze", {"group": args.group}, args.token)
+    except Exception as exc:
+        parser.exit(1, f"gdrl-broker {args.command}: {exc}\n")
+    sys.stdout.write(json.dumps(result, indent=2) + "\n")
 
 
 def _print_status(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

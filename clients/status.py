@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.messages import Hello, Status
+from broker.protocol.messages import Control, Hello, Status
 from clients.transport import PeerSocket
 
 COLUMNS = """columns (README "Troubleshooting" says what to do about what they show):
@@ -35,6 +35,46 @@ def fetch_status(address: str, token: str | None = None, timeout: float = 5.0) -
         sock.close()
 
 
+def send_control(
+    address: str, command: str, args: dict[str, Any], token: str | None = None, timeout: float = 30.0
+) -> dict[str, Any]:
+    """One control request (``freeze``, ``unfreeze``, ``self_play``; docs/self_play.md): the broker's result,
+    or BrokerError with its reason (code ``bad_control``)."""
+    sock = PeerSocket(
+        address,
+        Hello("control", PROTOCOL_VERSION, "gdrl-broker control", token),
+        timeout_connect=timeout,
+        timeout_recv=timeout,
+    )
+    try:
+        sock.send(Control(command, args))
+        message = sock.recv()
+        if not isinstance(message, Status):
+            raise RuntimeError(f"expected status, got {message.TYPE}")
+        return message.status
+    finally:
+        sock.close()
+
+
+def render_frozen(status: dict[str, Any]) -> list[str]:
+    """The frozen groups and Elo ratings, under the policy table."""
+    lines = []
+    for group, f in status.get("frozen", {}).items():
+        pool = f.get("pool")
+        where = f"pool {pool['directory']} opponent {pool['opponent']} swaps {pool['swaps']}" if pool else ""
+        elo = f"{f['elo']:.0f}" if f.get("elo") is not None else "-"
+        lines.append(
+            f"frozen {group}: model {f.get('model') or '-'} version {f.get('version')} elo {elo} "
+            f"agent steps {f.get('agent_steps')} {where}".rstrip()
+        )
+        if f.get("error"):
+            lines.append(f"  error: {f['error']}")
+    ratings = status.get("elo", {})
+    if ratings:
+        lines.append("elo: " + ", ".join(f"{p} {r:.0f}" for p, r in sorted(ratings.items(), key=lambda x: -x[1])))
+    return ["", *lines] if lines else []
+
+
 def render_table(status: dict[str, Any]) -> str:
     games = status.get("games", [])
     connected = sum(1 for g in games if g.get("connected"))
@@ -48,10 +88,12 @@ def render_table(status: dict[str, Any]) -> str:
     for name, p in status.get("policies", {}).items():
         reward = p.get("mean_episode_reward")
         state = p.get("state") or ("training" if p.get("trainer") else "no trainer")
+        if name in status.get("frozen", {}):
+            state = f"frozen v{status['frozen'][name].get('version')}"
         lines.append(
             f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
             f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
             f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
             f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + render_frozen(status))

@@ -39,6 +39,8 @@ GROUPS: dict[str, str | None] = {
     HYPER_GROUP: "Not given: PPO uses the defaults shown, A2C/SAC/DQN use SB3's.\n"
     "A flag that does not apply to --algo is an error.",
     "files": None,
+    "self-play": "Train --policy against frozen snapshots of itself that the broker plays as --opponent "
+    "(docs/self_play.md; ML-Agents' names in brackets).",
     "output": None,
 }
 
@@ -157,6 +159,24 @@ class TrainOptions:
     onnx_export_path: str | None = _flag("files", help="export the policy to ONNX here when done or stopped")
     tensorboard_log: str | None = _flag("files", help="TensorBoard log folder; the run is named <policy>_<ALGO>_<n>")
     report_json: str | None = _flag("files", help="write a JSON summary (with the reward curve) here")
+    # self-play
+    opponent: str | None = _flag(
+        "self-play", help="the group the broker plays from this policy's snapshots (same spaces as --policy)"
+    )
+    pool_dir: str | None = _flag("self-play", help="the snapshot pool directory (default: pool-<policy>)")
+    snapshot_every: int = _flag(
+        "self-play", 20_000, "agent steps between snapshots written to the pool [save_steps]", type=int
+    )
+    window: int = _flag("self-play", 10, "the opponent is drawn from the last this many snapshots [window]", type=int)
+    play_latest: float = _flag(
+        "self-play",
+        0.5,
+        "probability that a swap picks the latest snapshot, else one of the window [play_against_latest_model_ratio]",
+        type=float,
+    )
+    swap_every: int = _flag(
+        "self-play", 10_000, "opponent steps (the broker counts them) between swaps [swap_steps]", type=int
+    )
     # output
     progress: str = _flag(
         "output",
@@ -246,6 +266,15 @@ class TrainOptions:
         if self.log_every <= 0:
             raise ValueError("--log-every must be positive")
         self.step_options  # noqa: B018
+        if self.opponent is not None:
+            if self.opponent == self.policy:
+                raise ValueError("--opponent must be another group than --policy")
+            if self.inference:
+                raise ValueError("--opponent trains against snapshots: it does not go with --inference")
+            if self.snapshot_every < 1 or self.window < 1 or self.swap_every < 1:
+                raise ValueError("--snapshot-every, --window and --swap-every must be positive")
+            if not 0.0 <= self.play_latest <= 1.0:
+                raise ValueError("--play-latest must be within [0, 1]")
 
 
 OPTION_FIELDS = fields(TrainOptions)
@@ -555,6 +584,28 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
         env.close()
         return 2
 
+    self_play = None
+    if options.opponent is not None:
+        from clients.self_play import SelfPlay
+
+        self_play = SelfPlay(
+            options.broker,
+            options.token,
+            options.policy,
+            options.opponent,
+            options.pool_dir or f"pool-{options.policy}",
+            broker_env.spaces,
+            options.window,
+            options.play_latest,
+            options.swap_every,
+            options.seed,
+        )
+        try:
+            self_play.start(model)
+        except (BrokerError, OSError, ValueError) as exc:
+            _fail(f"cannot start self-play against '{options.opponent}': {exc}")
+            env.close()
+            return 2
     tracker = Tracker(
         options.policy, options.total_timesteps, options.progress, options.log_every, sys.stdout, model.num_timesteps
     )
@@ -572,6 +623,10 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
                 callbacks.append(FreshStartCallback())
             if options.save_checkpoint_frequency:
                 callbacks.append(_checkpoint_callback(options, env.num_envs))
+            if self_play is not None:
+                from clients.self_play import SelfPlayCallback
+
+                callbacks.append(SelfPlayCallback(self_play, options.snapshot_every))
             assert options.total_timesteps is not None
             model.learn(
                 total_timesteps=options.total_timesteps,

@@ -221,7 +221,7 @@ def test_the_program_is_the_clients_cli_and_lists_every_subcommand(capsys: pytes
     assert script is not None and script.group(1) == "clients.cli:main"  # tomllib is 3.11+; this runs on 3.10
     with pytest.raises(SystemExit):
         cli.main(["--help"])
-    assert "{serve,sim-game,demo,status}" in capsys.readouterr().out
+    assert "{serve,sim-game,demo,status,freeze,unfreeze}" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         broker_cli.main(["--help"])
     assert "{serve}" in capsys.readouterr().out

@@ -31,6 +31,7 @@ from broker.protocol.gather import Buffer, frame_buffers
 from broker.protocol.messages import (
     Batch,
     Close,
+    Control,
     Error,
     GameActions,
     GameStep,
@@ -66,6 +67,7 @@ class State(Enum):
     TRAINER = "trainer"
     SAMPLER = "sampler"  # a trainer-side session that claimed games: every group of them
     OBSERVER = "observer"  # asks for status once
+    CONTROL = "control"  # sends one Control request
     # peer side
     AWAIT_GREETING = "await_greeting"
     AWAIT_WELCOME = "await_welcome"
@@ -161,12 +163,14 @@ _ALLOWED: Final[dict[State, tuple[type, ...]]] = {
     State.TRAINER: (TrainerReset, TrainerAct, Close),
     State.SAMPLER: (TrainerReset, TrainerAct, Close),
     State.OBSERVER: (Close,),
+    State.CONTROL: (Control, Close),
 }
 _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
     "game": (GameActions, Error, Close),
     "trainer": (PolicyInfo, Batch, Waiting, Error, Close),
     "sampler": (PolicyInfo, Batch, Waiting, Error, Close),
     "observer": (Status, Error, Close),
+    "control": (Status, Error, Close),
 }
 
 
@@ -235,6 +239,7 @@ class BrokerConnection:
                 "trainer": State.TRAINER,
                 "sampler": State.SAMPLER,
                 "observer": State.OBSERVER,
+                "control": State.CONTROL,
             }[message.role]
         return message
 

@@ -20,6 +20,7 @@ class ErrorCode(str, Enum):
     UNKNOWN_MESSAGE = "unknown_message"  # a ``type`` this protocol does not define
     UNEXPECTED_MESSAGE = "unexpected_message"  # a known type, at the wrong time
     BAD_HELLO = "bad_hello"
+    BAD_CONTROL = "bad_control"  # a control request the broker cannot carry out (it says why)
     BAD_SPACES = "bad_spaces"
     SPACE_MISMATCH = "space_mismatch"  # a game disagrees with the spaces already known for a policy
     BAD_STEP = "bad_step"

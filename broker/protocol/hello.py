@@ -18,8 +18,10 @@ def _bad_hello(message: str) -> RemoteProtocolError:
 
 
 def _role(value: Any, what: str, key: str) -> None:
-    if value not in ("game", "trainer", "sampler", "observer"):
-        raise _bad_hello(f"hello.role must be 'game', 'trainer', 'sampler' or 'observer', got {summarize(value)}")
+    if value not in ("game", "trainer", "sampler", "observer", "control"):
+        raise _bad_hello(
+            f"hello.role must be 'game', 'trainer', 'sampler', 'observer' or 'control', got {summarize(value)}"
+        )
 
 
 ALL_GAMES: Final = "all"  # a sampler's claim of every unclaimed game on the broker
@@ -78,7 +80,7 @@ class Hello(WireMessage):
         ),
         Field("claim_games", _claim, sent=lambda m: m.role == "sampler"),
     )
-    role: Literal["game", "trainer", "sampler", "observer"]
+    role: Literal["game", "trainer", "sampler", "observer", "control"]  # control: one Control request, answered
     protocol: int
     name: str = ""
     token: str | None = None

@@ -281,6 +281,22 @@ class Status(WireMessage):
     status: dict[str, Any]
 
 
+def _control_args(value: Any, what: str, key: str) -> None:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise malformed("control.args must be a map with string keys")
+
+
+@dataclass(frozen=True, slots=True)
+class Control(WireMessage):
+    """A control peer's one request (``freeze``, ``unfreeze``, ``self_play``); answered by a ``status``
+    holding the result, or an ``error``; then the broker closes the connection."""
+
+    TYPE: ClassVar[str] = "control"
+    FIELDS: ClassVar[tuple[Field, ...]] = (Field("command", check_text), Field("args", _control_args, absent={}))
+    command: str
+    args: dict[str, Any]
+
+
 # --- either direction -----------------------------------------------------------------------------
 
 
@@ -314,6 +330,7 @@ Message = (
     | Batch
     | Waiting
     | Status
+    | Control
     | Error
     | Close
 )

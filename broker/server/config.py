@@ -42,6 +42,8 @@ class ServerConfig:
     seed: int = 0
     headless: bool = False
     godot_rl_trainers: tuple[str, ...] = ()  # "POLICY=HOST:PORT" each
+    frozen: tuple[str, ...] = ()  # "GROUP=PATH.onnx" each: groups the broker plays itself (frozen.py)
+    self_play_pools: tuple[str, ...] = ()  # "GROUP=DIR" each: GROUP played from a self-play pool (pool.py)
 
     def validate(self) -> None:
         if not self.is_loopback() and not self.token:

@@ -35,6 +35,7 @@ from broker.protocol.gather import Buffer
 from broker.protocol.messages import (
     Batch,
     Close,
+    Control,
     Error,
     GameStep,
     Hello,
@@ -44,6 +45,7 @@ from broker.protocol.messages import (
     TrainerReset,
     Welcome,
 )
+from broker.server.frozen import ControlError
 from broker.server.legacy_games import is_loopback
 from broker.status import wire_safe
 
@@ -78,6 +80,7 @@ class PeerProtocol(asyncio.Protocol):
         self.trainer: TrainerSession | None = None
         self.sampler: SamplerSession | None = None
         self.closing = False
+        self.control_task: asyncio.Future[None] | None = None  # a control request being carried out
         self._hello_timer: asyncio.TimerHandle | None = None
         self._frame_timer: asyncio.TimerHandle | None = None
         self._refusal_timer: asyncio.TimerHandle | None = None
@@ -189,12 +192,18 @@ class PeerProtocol(asyncio.Protocol):
                 self.game = session if isinstance(session, GameSession) else None
                 self.trainer = session if isinstance(session, TrainerSession) else None
                 self.sampler = session if isinstance(session, SamplerSession) else None
+            elif event.role == "control":  # one Control request follows
+                self.send(Welcome(PROTOCOL_VERSION, 0))
             else:  # an observer: status once, then goodbye
                 self.send(Welcome(PROTOCOL_VERSION, 0))
                 self.send(Status(wire_safe(self.server.status())))
                 self.close(Close("status sent"))
         elif isinstance(event, (GameStep, TrainerAct, TrainerReset)):
             self.server.enter(self, event)
+        elif isinstance(event, Control):
+            if self.control_task is not None:
+                raise RemoteProtocolError(ErrorCode.UNEXPECTED_MESSAGE, "one control request per connection")
+            self.control_task = asyncio.ensure_future(self._control(event))  # kept: a task is weakly held
         elif isinstance(event, Close):
             log.info("peer said goodbye", peer=self.label, reason=event.reason)
             self.closing = True
@@ -207,6 +216,22 @@ class PeerProtocol(asyncio.Protocol):
             self._refused(event.refusal)
         elif isinstance(event, Farewell):
             self._close_after(event.data)
+
+    async def _control(self, request: Control) -> None:
+        """A control peer's request: the result as a ``status``, or why not as an ``error``; then goodbye."""
+        try:
+            result = await self.server.frozen.control(request)
+        except ControlError as exc:
+            log.warning("control refused", peer=self.label, command=request.command, error=str(exc))
+            self.close(Error(ErrorCode.BAD_CONTROL.value, str(exc)))
+            return
+        except Exception as exc:  # a fault of ours: the asker hears of it, the broker goes on
+            log.exception("control failed", peer=self.label, command=request.command)
+            self.close(Error(ErrorCode.INTERNAL.value, f"control {request.command} failed: {exc}"))
+            return
+        log.info("control done", peer=self.label, command=request.command)
+        self.send(Status(wire_safe(result)))
+        self.close(Close("control done"))
 
     def _become_godot_rl_game(self, first: LegacyMessage) -> None:
         """The first frame was JSON: an unmodified godot_rl plugin game. Its connection takes over."""

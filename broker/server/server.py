@@ -30,6 +30,7 @@ from broker.protocol.messages import (
     Message,
 )
 from broker.server.config import ServerConfig
+from broker.server.frozen import FrozenGroups
 from broker.server.legacy_games import GodotRlCalls
 from broker.server.peer import Link, PeerProtocol
 from broker.status import wire_safe
@@ -53,6 +54,7 @@ class BrokerServer:
         self._status_task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self.godot_rl_calls = GodotRlCalls(self)  # a dialed godot_rl trainer's call, relayed to plugin games
+        self.frozen = FrozenGroups(self)  # groups the broker answers itself with ONNX models
 
     # --- the one way into the hub, and its effects carried out -------------------------------------
 
@@ -124,6 +126,7 @@ class BrokerServer:
             # Loopback only: the endpoint has no token, so it never follows --host off this machine.
             metrics = await asyncio.start_server(self._serve_metrics, "127.0.0.1", self.config.metrics_port)
             self._servers.append(metrics)
+        self.frozen.start()
         log.info(
             "broker listening",
             host=self.config.host,
@@ -162,10 +165,13 @@ class BrokerServer:
             "connections": len(self.connections),
             "connections_before_hello": len(self.before_hello),
             **self.hub.snapshot(),
+            "frozen": self.frozen.status(),
+            "elo": self.frozen.elo.to_dict()["ratings"],
         }
 
     async def shutdown(self, reason: str = "broker shutting down") -> None:
         """Stop listening, tell every peer why, and give them ``timeout_shutdown`` to leave."""
+        self.frozen.shutdown()  # its pools saved first
         for server in self._servers:
             server.close()
         if self._status_task is not None:

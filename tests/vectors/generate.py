@@ -23,6 +23,7 @@ from broker.protocol.framing import encode_frame  # noqa: E402
 from broker.protocol.messages import (  # noqa: E402
     Batch,
     Close,
+    Control,
     Error,
     GameActions,
     GameLayout,
@@ -205,6 +206,7 @@ def messages() -> list[tuple[str, str, Message]]:
         ),
         ("act_from_sampler", "sampler->broker", TrainerAct(3, {"dir": np.array([2], np.int32)}, "platform")),
         ("error_no_free_game", "broker->sampler", Error("no_free_game", "claim of 2 games: 1 free")),
+        ("control", "control->broker", Control("freeze", {"group": "blue", "path": "/models/blue.onnx"})),
     ]
 
 

@@ -3,6 +3,7 @@ the generic construction check, ``to_wire`` and ``from_wire`` every message clas
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -139,6 +140,9 @@ class WireMessage:
         return message
 
 
+_NO_DEFAULT = object()
+
+
 def _compile(cls: type[WireMessage]) -> None:
     """Generate ``cls``'s four table-driven methods as straight-line code (see WireMessage)."""
     what = getattr(cls, "TYPE", "")
@@ -158,7 +162,17 @@ def _compile(cls: type[WireMessage]) -> None:
         else:
             decode.append(f"    _set(message, {f.name!r}, decode{i}({raw}, {args}))")
         unchecked.append(f"    _set(message, {f.name!r}, {f.name})")
-    fields = ", ".join(f.name for f in cls.FIELDS)
+    params = []
+    for i, f in enumerate(cls.FIELDS):  # a field's class-level default (before dataclass takes it) stays one
+        default = vars(cls).get(f.name, _NO_DEFAULT)
+        if isinstance(default, dataclasses.Field):
+            default = default.default
+        if default is _NO_DEFAULT or default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            names[f"default{i}"] = default
+            params.append(f"{f.name}=default{i}")
+    fields = ", ".join(params)
     source = "\n".join(
         [
             "def __post_init__(self):",

@@ -57,6 +57,7 @@ __all__ = [
     "STEPPING_MODES",
     "Batch",
     "Close",
+    "Control",
     "Error",
     "GameActions",
     "GameLayout",

@@ -1,10 +1,10 @@
-"""RLlib PPO training both policies of the simulated game through a broker (docs/scale_out.md).
+"""RLlib PPO (or APPO) training both policies of the simulated game through a broker (docs/scale_out.md).
 
 Start a broker and its games, then this script::
 
     gdrl-broker serve --games 4 &
     for i in 0 1 2 3; do gdrl-broker sim-game --seed $i & done
-    python examples/rllib_two_policies.py --env-runners 2 --claim-games 2 --iterations 20
+    python examples/rllib_two_policies.py --env-runners 2 --claim-games 2 --iterations 20 [--algo appo]
 
 Each env runner's ``BrokerMultiAgentEnv`` claims its own games from the broker on its node and steps both
 groups of them; one RLModule per broker policy (``policy_mapping_fn``: the agent id's prefix). On a cluster
@@ -31,8 +31,11 @@ def ppo_config(
     env_runners: int = 2,
     runner_resources: dict[str, float] | None = None,
     seed: int = 0,
+    algo: str = "ppo",
 ) -> Any:
-    """A PPOConfig for one module per policy over broker games (RLlib's new API stack)."""
+    """A PPOConfig (or, ``algo="appo"``, an APPOConfig: asynchronous sampling, recommended across nodes) for
+    one module per policy over broker games (RLlib's new API stack)."""
+    from ray.rllib.algorithms.appo import APPOConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.connectors.env_to_module import FlattenObservations
     from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
@@ -41,9 +44,14 @@ def ppo_config(
     from ray.tune.registry import register_env
 
     register_env(ENV_NAME, lambda config: BrokerMultiAgentEnv(config))
+    if algo == "appo":
+        config: Any = APPOConfig().training(train_batch_size_per_learner=100 * env_runners, lr=5e-4)
+    else:
+        config = PPOConfig().training(
+            train_batch_size_per_learner=100 * env_runners, minibatch_size=50 * env_runners, num_epochs=4, lr=3e-4
+        )
     return (
-        PPOConfig()
-        .environment(ENV_NAME, env_config=env_config)
+        config.environment(ENV_NAME, env_config=env_config)
         .env_runners(
             num_env_runners=env_runners,
             num_cpus_per_env_runner=0.5,  # stepping a broker session is light; leave the cores to the learner
@@ -58,9 +66,6 @@ def ppo_config(
                     p: RLModuleSpec(model_config=DefaultModelConfig(fcnet_hiddens=[64, 64])) for p in policies
                 }
             )
-        )
-        .training(
-            train_batch_size_per_learner=100 * env_runners, minibatch_size=50 * env_runners, num_epochs=4, lr=3e-4
         )
         .fault_tolerance(restart_failed_env_runners=True)
         .debugging(seed=seed)
@@ -82,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--env-runners", type=int, default=2)
     parser.add_argument("--claim-games", default="all", help="games per env runner, or 'all'")
     parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--algo", choices=("ppo", "appo"), default="ppo")
     parser.add_argument("--runner-resource", default="", help="a custom resource each env runner needs")
     parser.add_argument("--checkpoint", default="", help="save the algorithm here at the end")
     parser.add_argument("--onnx-dir", default="", help="export one ONNX file per policy here at the end")
@@ -93,9 +99,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ray.init(ignore_reinit_error=True)
     claim = args.claim_games if args.claim_games == "all" else int(args.claim_games)
     resources = {args.runner_resource: 1.0} if args.runner_resource else None
-    algo = ppo_config(
-        {"broker": args.broker, "claim_games": claim}, env_runners=args.env_runners, runner_resources=resources
-    ).build_algo()
+    env_config = {"broker": args.broker, "claim_games": claim}
+    algo = ppo_config(env_config, env_runners=args.env_runners, runner_resources=resources, algo=args.algo).build_algo()
     for i in range(args.iterations):
         result = algo.train()
         print(f"iteration {i + 1}: mean return per agent {mean_agent_returns(result)}", flush=True)

@@ -145,8 +145,19 @@ _NO_DEFAULT = object()
 
 def _compile(cls: type[WireMessage]) -> None:
     """Generate ``cls``'s four table-driven methods as straight-line code (see WireMessage)."""
-    what = getattr(cls, "TYPE", "")
     names: dict[str, Any] = {"_new": object.__new__, "_set": object.__setattr__, "_update": dict.update}
+    exec(_source(cls, names), names)  # our own generated source, as dataclasses does
+    for name in ("__post_init__", "to_wire"):
+        if name not in vars(cls):
+            setattr(cls, name, names[name])
+    for name in ("from_wire", "unchecked"):
+        if name not in vars(cls):  # a class may keep a hand-written from_wire (Hello's depends on the role)
+            setattr(cls, name, classmethod(names[name]))
+
+
+def _source(cls: type[WireMessage], names: dict[str, Any]) -> str:
+    """The four methods' source, one statement per field; what it calls is put into ``names``."""
+    what = getattr(cls, "TYPE", "")
     check, encode, decode, unchecked = [], [f"    wire = {{'type': {what!r}}}"], [], []
     for i, f in enumerate(cls.FIELDS):
         names[f"check{i}"], names[f"decode{i}"], names[f"encode{i}"] = f.check, f.decode, f.encode
@@ -162,18 +173,8 @@ def _compile(cls: type[WireMessage]) -> None:
         else:
             decode.append(f"    _set(message, {f.name!r}, decode{i}({raw}, {args}))")
         unchecked.append(f"    _set(message, {f.name!r}, {f.name})")
-    params = []
-    for i, f in enumerate(cls.FIELDS):  # a field's class-level default (before dataclass takes it) stays one
-        default = vars(cls).get(f.name, _NO_DEFAULT)
-        if isinstance(default, dataclasses.Field):
-            default = default.default
-        if default is _NO_DEFAULT or default is dataclasses.MISSING:
-            params.append(f.name)
-        else:
-            names[f"default{i}"] = default
-            params.append(f"{f.name}=default{i}")
-    fields = ", ".join(params)
-    source = "\n".join(
+    params = ["cls", *_parameters(cls, names)]
+    return "\n".join(
         [
             "def __post_init__(self):",
             *(check or ["    pass"]),
@@ -184,16 +185,25 @@ def _compile(cls: type[WireMessage]) -> None:
             "    message = _new(cls)",
             *decode,  # in table order, so the first bad field is the one reported
             "    return message",
-            f"def unchecked(cls{', ' if fields else ''}{fields}):",
+            f"def unchecked({', '.join(params)}):",
             "    message = _new(cls)",
             *unchecked,
             "    return message",
         ]
     )
-    exec(source, names)  # our own generated source, as dataclasses does
-    for name in ("__post_init__", "to_wire"):
-        if name not in vars(cls):
-            setattr(cls, name, names[name])
-    for name in ("from_wire", "unchecked"):
-        if name not in vars(cls):  # a class may keep a hand-written from_wire (Hello's depends on the role)
-            setattr(cls, name, classmethod(names[name]))
+
+
+def _parameters(cls: type[WireMessage], names: dict[str, Any]) -> list[str]:
+    """``unchecked``'s parameters: the fields in table order, with their class-level defaults (read before
+    dataclass takes them off the class)."""
+    params = []
+    for i, f in enumerate(cls.FIELDS):
+        default = vars(cls).get(f.name, _NO_DEFAULT)
+        if isinstance(default, dataclasses.Field):
+            default = default.default
+        if default is _NO_DEFAULT or default is dataclasses.MISSING:
+            params.append(f.name)
+        else:
+            names[f"default{i}"] = default
+            params.append(f"{f.name}=default{i}")
+    return params

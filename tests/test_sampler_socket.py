@@ -60,3 +60,50 @@ def test_a_sampler_and_a_per_policy_trainer_share_one_broker(tmp_path: Path) -> 
             assert set(again.wait()) == {MOVER, PICKER}
         finally:
             again.close()
+
+
+def test_a_sampler_started_before_its_broker_and_games_claims_them_once_they_are_up(tmp_path: Path) -> None:
+    """An env runner may start before its node's broker, and before the games have joined it: the sampler
+    keeps trying (connection refused, then no_free_game) until its claim is met."""
+    import socket
+    import subprocess
+    import threading
+    import time
+
+    from tests.godot_engine import stop
+    from tests.helpers import spawn_python
+
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    claimed: list[SamplerLink] = []
+    failed: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            claimed.append(SamplerLink(address, 2, name="early-runner", timeout_claim=60))
+        except BaseException as exc:  # reported by the assertion below
+            failed.append(exc)
+
+    runner = threading.Thread(target=claim)
+    runner.start()
+    time.sleep(1.0)  # the sampler is retrying a refused connection now
+    procs = []
+    with open(tmp_path / "broker.log", "wb") as log:
+        broker = spawn_python("-m", "broker", "serve", "--port", str(port), "--games", "2", "--status-interval", "0",
+                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        time.sleep(1.0)  # the broker is up with no game: the claim is refused as no_free_game, and retried
+        for i in range(2):
+            with open(tmp_path / f"game-{i}.log", "wb") as log:
+                procs.append(spawn_python("-m", "broker", "sim-game", "--address", address, "--seed", str(i),
+                                          stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        runner.join(timeout=90)
+        assert not failed, failed
+        (sampler,) = claimed
+        assert sampler.games == [0, 1] and list(sampler.policies) == [MOVER, PICKER]
+        sampler.close()
+    finally:
+        for proc in [broker, *procs]:
+            stop(proc)

@@ -249,7 +249,6 @@ def export_onnx(
     spaces are used, which is right unless the actions mix discrete and continuous keys.
     With ``check`` the file is run in onnxruntime on sampled observations and compared with torch.
     """
-    import onnx
 
     if not isinstance(model.observation_space, spaces.Dict):
         raise TypeError("ONNX export expects a model trained on Dict observations (MultiInputPolicy)")
@@ -273,20 +272,25 @@ def export_onnx(
     finally:
         model.policy.set_training_mode(was_training)
     layout = OnnxLayout(inputs, blocks, width, means_only)
+    _finish_export(path, layout, policy_name, type(model).__name__)
+    if check:
+        _check_with_onnxruntime(path, names, sample, expected.numpy())
+    return layout
+
+
+def _finish_export(path: Path, layout: OnnxLayout, policy_name: str, algorithm: str) -> None:
+    """Pin the exported graph's output width and write the contract's metadata (policy, algorithm,
+    layout) into it, then check the model: the last step of every export (SB3's here, RLlib's in
+    clients/rllib_env.py)."""
+    import onnx
+
     proto = onnx.load(str(path))
-    _pin_output_width(proto, width)
-    for key, value in (
-        ("gdrl_policy", policy_name),
-        ("gdrl_algorithm", type(model).__name__),
-        ("gdrl_layout", layout.to_json()),
-    ):
+    _pin_output_width(proto, layout.width)
+    for key, value in (("gdrl_policy", policy_name), ("gdrl_algorithm", algorithm), ("gdrl_layout", layout.to_json())):
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.checker.check_model(proto)
     onnx.save(proto, str(path))
-    if check:
-        _check_with_onnxruntime(path, names, sample, expected.numpy())
-    return layout
 
 
 def _torch_export(graph: nn.Module, sample: list[torch.Tensor], path: Path, names: list[str], opset: int) -> None:

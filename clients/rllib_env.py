@@ -41,7 +41,7 @@ from clients.onnx_export import (
     STATE_IN,
     OnnxLayout,
     _check_with_onnxruntime,
-    _pin_output_width,
+    _finish_export,
     _torch_export,
     action_layout,
 )
@@ -227,7 +227,6 @@ def export_module_onnx(
     module: nn.Module, path: str | Path, policy_spaces: PolicySpaces, *, policy_name: str = "", check: bool = True
 ) -> OnnxLayout:
     """Write one trained torch RLModule (``algo.get_module(policy)``) to ``path`` as the addon runs it."""
-    import onnx
 
     blocks, means_only = action_layout(policy_spaces)
     if not means_only and any(b.kind == "continuous" for b in blocks):
@@ -249,13 +248,7 @@ def export_module_onnx(
         warnings.simplefilter("ignore")
         _torch_export(graph, sample, path, names, OPSET)
     layout = OnnxLayout(inputs, blocks, width, means_only)
-    proto = onnx.load(str(path))
-    _pin_output_width(proto, width)
-    for key, value in (("gdrl_policy", policy_name), ("gdrl_algorithm", "rllib"), ("gdrl_layout", layout.to_json())):
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(proto)
-    onnx.save(proto, str(path))
+    _finish_export(path, layout, policy_name, "rllib")
     if check:
         _check_with_onnxruntime(path, names, sample, expected.numpy())
     return layout

@@ -3,8 +3,8 @@ real `gdrl-train` processes, real headless Godot games (tests/godot_engine.py fi
 GODOT_BIN; under GDRL_REQUIRE_GODOT=1 a missing engine fails these tests instead of skipping them).
 
 * learning: 4 game instances on one port, two trainers, barrier stepping (so that machine load cannot change
-  what is learned); each policy's mean episode reward at the end of the run beats its start (the first fifth
-  of the episodes, played by the untrained, near-random policy);
+  what is learned); each policy's mean episode reward over the second half of its episodes beats its start
+  (the first fifth, played by the untrained, near-random policy);
 * the exported game: the editor exports the example with the template, `serve --env-path --n-parallel 4`
   launches the copies, a copy killed mid-run is relaunched and both policies go on training;
 * the legacy path: the same game on the godot_rl plugin's own `Sync` node (the unmodified plugin fixture
@@ -123,7 +123,7 @@ def processes() -> Iterator[Processes]:
 def test_two_policies_learn_against_their_start(
     godot: Path, example: Path, tmp_path: Path, processes: Processes
 ) -> None:
-    timesteps = 40_000  # per policy: 8 agents each (2 per game x 4 games); about 100 s on 2 idle cores
+    timesteps = 60_000  # per policy: 8 agents each (2 per game x 4 games); about 90 s on 2 idle cores
     # Barrier stepping, and games that wait for every answer: a loaded CI machine then slows the run down
     # instead of holding agents on stale actions (a hold-mode run on a busy machine once learned half as much).
     broker_args = ("--games", "4", "--stepping", "barrier", "--status-interval", "5")
@@ -146,11 +146,16 @@ def test_two_policies_learn_against_their_start(
         result = report(tmp_path, policy)
         assert result["agents"] == 8 and result["steps"] >= timesteps
         assert result["episodes"] >= 50, result["episodes"]
-        # reward_start: the first fifth of the episodes, played by the fresh (near-random) policy. Gains seen in
-        # hold stepping: player 0.14 to 0.28 on an idle machine, 0.03 on a loaded CI run; in barrier stepping:
-        # player 0.21, platform 0.27.
-        gain = result["reward_end"] - result["reward_start"]
-        assert gain > 0.05, f"{policy}: mean episode reward {result['reward_start']:.3f} -> {result['reward_end']:.3f}"
+        # The fresh (near-random) policy's episodes, the first fifth, against the second half's. An episode ends
+        # +1 or -1 (goal or pit), so a window of n episodes has a standard error of about 0.9 / sqrt(n): a last
+        # fifth (40 episodes at 40k steps) is too noisy to judge a gain of 0.05 (one CI run: a player whose
+        # rolling mean rose from -0.24 to -0.05 ended on a last fifth of -0.22); the second half is 2.5x longer.
+        # Gains seen (first fifth -> second half): at 40k steps player 0.14, 0.10, platform 0.24, 0.25; at 60k
+        # player 0.19, platform 0.35.
+        episodes = [reward for _, reward in result["curve"]]
+        start = float(np.mean(episodes[: len(episodes) // 5]))
+        trained = float(np.mean(episodes[len(episodes) // 2 :]))
+        assert trained - start > 0.05, f"{policy}: mean episode reward {start:.3f} -> {trained:.3f}"
 
 
 def json_log(path: Path) -> list[dict[str, Any]]:

@@ -291,9 +291,8 @@ class Hub:
         data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         now = self.clock()
-        batch = Batch.unchecked(
-            policy.step, data, policy.name if policy.sampled else ""
-        )  # rows checked as they came in
+        # Unchecked: the rows were checked as they came in; a sampler's batches name their policy.
+        batch = Batch.unchecked(policy.step, data, policy.name if policy.sampled else "")
         policy.open = OpenBatch(batch, now, {s: self.slots[s].game for s in slots})  # type: ignore[misc]
         policy.last_obs = data.obs
         for s in slots:

@@ -22,10 +22,11 @@ from broker.core.batching import canonical_actions
 from broker.legacy.godot_rl_game import GodotRlGame
 from broker.legacy.wire import decode_actions, decode_numbers, encode_message
 from broker.protocol import variant
-from broker.protocol.codec import check_msgpack_bounds, pack_json, unpack, unpack_json
+from broker.protocol.codec import check_msgpack_bounds, unpack
 from broker.protocol.connection import BrokerConnection
 from broker.protocol.errors import MAX_ERROR_TEXT, ErrorCode, RemoteProtocolError
 from broker.protocol.framing import encode_frame
+from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_INFO_NESTING, MAX_NESTING
 from broker.protocol.messages import GameActions, GameStep, Hello, StepData, check_info
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, PolicySpaces, check_rows

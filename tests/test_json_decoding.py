@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from broker.protocol.codec import unpack_json
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.json_body import unpack_json
 from broker.protocol.limits import INT_MAX, INT_MIN, MAX_NESTING
 
 

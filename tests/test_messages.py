@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from broker.protocol.codec import BodyKind, decode_body, encode_body, pack_json, unpack_json
+from broker.protocol.codec import BodyKind, decode_body, encode_body
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     MESSAGE_TYPES,
     Batch,

@@ -24,10 +24,11 @@ from enum import Enum
 from typing import Any, Final, Protocol
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame, pack_json, unpack_json
+from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.gather import Buffer, frame_buffers
+from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     Batch,
     Close,

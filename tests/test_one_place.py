@@ -34,7 +34,7 @@ from broker.protocol.spaces import (
     PolicySpaces,
     check_rows,
 )
-from clients import onnx_export, pettingzoo_game
+from clients import onnx_export, pettingzoo_game, pettingzoo_groups
 from clients.spaces import ActionCodec, action_space, action_to_wire, observation_space, observation_to_wire
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,13 +131,13 @@ def test_action_spaces_go_both_ways(gym_space: spaces.Space[Any], wire: Any) -> 
 
 
 def test_the_pettingzoo_adapter_and_the_onnx_export_use_the_one_table() -> None:
-    for module in (pettingzoo_game, onnx_export):
+    for module in (pettingzoo_groups, onnx_export):
         assert module.observation_to_wire is observation_to_wire
         assert module.action_to_wire is action_to_wire
     box = spaces.Box(-3.0, 3.0, (2,), np.float64)
-    codec = pettingzoo_game.ObservationCodec(box, "g")
+    codec = pettingzoo_groups.ObservationCodec(box, "g")
     assert codec.layout == (("obs", observation_to_wire(box, "g")),)
-    assert pettingzoo_game.ActionCodec(spaces.MultiBinary(3), "g").wire == MultiDiscreteAction((2, 2, 2))
+    assert pettingzoo_groups.ActionCodec(spaces.MultiBinary(3), "g").wire == MultiDiscreteAction((2, 2, 2))
 
 
 # --- the default address --------------------------------------------------------------------------

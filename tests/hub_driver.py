@@ -97,7 +97,11 @@ class LinkHub(Hub):
         except UnencodableMessage as exc:
             if not isinstance(effect.message, Batch):
                 raise
-            self.apply(self.batch_undeliverable(effect.peer, effect.message.step, exc.encodable, exc.message))
+            self.apply(
+                self.batch_undeliverable(
+                    effect.peer, effect.message.step, exc.encodable, exc.message, effect.message.policy
+                )
+            )
 
     def _start(self, effect: StartTimer) -> None:
         assert self.scheduler is not None  # the hub asks for timers only when it was given a scheduler

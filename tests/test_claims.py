@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from broker.core.batching import DROPPED_INFO
 from broker.core.effects import Close, Send
 from broker.core.flow import Hub
 from broker.protocol import PROTOCOL_VERSION
@@ -15,6 +18,7 @@ from broker.protocol.messages import (
     Error,
     GameActions,
     GameLayout,
+    GameStep,
     Hello,
     PolicyInfo,
     StepData,
@@ -221,3 +225,23 @@ def test_large_sampler_batches_and_acts_keep_their_policy_on_the_viewing_path() 
         assert len(body) >= VIEW_MIN_BYTES
         decoded = type(message).from_wire(unpack_viewing_arrays(body))
         assert decoded.policy == "red" and decoded.step == 2
+
+
+def test_a_sampler_batch_its_codec_cannot_carry_goes_again_without_the_infos_then_the_sampler_is_closed() -> None:
+    hub, (g0,) = seated_hub(1)
+    s = Peer("s")
+    hub.handle(s, sampler_hello(1))
+    hub.handle(s, TrainerReset())
+    plain = game_step(0, 0)
+    step = GameStep(0, {**plain.groups, "blue": replace(plain.groups["blue"], infos={0: {"big": 10**30}})})
+    red, blue = sent(hub.handle(g0, step), Batch)
+    assert (red.policy, blue.policy) == ("red", "blue") and red.step == blue.step == 1
+    # the same step number in both policies: the batch's policy says which one failed
+    assert hub.batch_undeliverable(s, 1, lambda value: False, policy_name="nobody") == []
+    again = hub.batch_undeliverable(s, 1, lambda value: "big" not in value, policy_name="blue")
+    assert again == [Send(s, Batch(1, replace(blue.data, infos={0: DROPPED_INFO}), "blue"))]
+    assert hub.batch_undeliverable(s, 1, lambda value: False, policy_name="blue") == [
+        Close(s, Error("internal", "the broker could not encode the batch"))
+    ]
+    # red was never at fault: its batch stands, and the sampler's answer to it is taken
+    assert hub.handle(s, TrainerAct(1, red_act(1, 2).actions, policy="red")) == []

@@ -117,14 +117,19 @@ class Hub:
         return self._take()
 
     def batch_undeliverable(
-        self, peer: Peer, step: int, encodable: Callable[[Any], bool], error: str = ""
+        self, peer: Peer, step: int, encodable: Callable[[Any], bool], error: str = "", policy_name: str = ""
     ) -> list[Effect]:
-        """The caller could not encode batch ``step`` for ``peer``'s codec and wrote nothing: the batch goes
-        again with every info ``encodable`` refuses replaced (logged with the games they came from); if it
-        was that batch already, the trainer is closed (the broker's own bug)."""
+        """The caller could not encode batch ``step`` (of ``policy_name``, for a sampler's batches, which name
+        their policy) for ``peer``'s codec and wrote nothing: the batch goes again with every info
+        ``encodable`` refuses replaced (logged with the games they came from); if it was that batch already,
+        the trainer is closed (the broker's own bug)."""
         self.out = []
-        trainer = self.sessions.get(peer)
-        policy = self.policies.get(trainer.policy) if isinstance(trainer, TrainerSession) else None
+        session = self.sessions.get(peer)
+        policy: PolicyState | None = None
+        if isinstance(session, TrainerSession):
+            policy = self.policies.get(session.policy)
+        elif isinstance(session, claims.SamplerSession):
+            policy = session.policies.get(policy_name)
         if policy is None or policy.open is None or policy.open.batch.step != step:
             return []
         if policy.open.infos_dropped:
@@ -135,7 +140,7 @@ class Hub:
         log.error(
             "batch not encodable, infos dropped", policy=policy.name, trainer=peer.label, rows=rows[:16], games=games
         )
-        policy.open.batch = Batch.unchecked(step, data)
+        policy.open.batch = Batch.unchecked(step, data, policy.name if policy.sampled else "")
         policy.open.infos_dropped = True
         return [Send(peer, policy.open.batch)]
 

@@ -83,7 +83,7 @@ class BrokerServer:
         except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
             if not isinstance(message, Batch):
                 raise
-            self.apply(self.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message))
+            self.apply(self.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))
 
     def _timer_fired(self, timer: Timer) -> None:
         """A hub timer (deadline, idle pacing, stall check) is due; a failure is logged, never fatal."""

@@ -86,14 +86,22 @@ def render_table(status: dict[str, Any]) -> str:
         f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
     ]
     for name, p in status.get("policies", {}).items():
-        reward = p.get("mean_episode_reward")
         state = p.get("state") or ("training" if p.get("trainer") else "no trainer")
         if name in status.get("frozen", {}):
             state = f"frozen v{status['frozen'][name].get('version')}"
-        lines.append(
-            f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
-            f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
-            f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
-            f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
-        )
+        lines.append(_policy_row(name, p, state))
+    for sampler in status.get("samplers", []):  # a sampler's own view of each policy of the games it holds
+        games = ",".join(str(g) for g in sampler.get("games", []))
+        for name, p in sampler.get("policies", {}).items():
+            lines.append(_policy_row(name, p, f"sampling games {games}"))
     return "\n".join(lines + render_frozen(status))
+
+
+def _policy_row(name: str, p: dict[str, Any], state: str) -> str:
+    reward = p.get("mean_episode_reward")
+    return (
+        f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
+        f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
+        f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
+        f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"
+    )

@@ -28,6 +28,7 @@ from broker.protocol.messages import (
     Waiting,
     Welcome,
 )
+from clients.status import render_table
 from tests.test_hub import BLUE, RED, Peer, blue_act, game_hello, game_step, red_act, step_data, trainer_hello
 
 
@@ -245,3 +246,22 @@ def test_a_sampler_batch_its_codec_cannot_carry_goes_again_without_the_infos_the
     ]
     # red was never at fault: its batch stands, and the sampler's answer to it is taken
     assert hub.handle(s, TrainerAct(1, red_act(1, 2).actions, policy="red")) == []
+
+
+def test_status_shows_each_sampler_its_games_and_its_view_of_every_policy() -> None:
+    hub, (g0, _) = seated_hub(2)
+    s = Peer("s")
+    hub.handle(s, sampler_hello(1))
+    hub.handle(s, TrainerReset())
+    hub.handle(g0, game_step(0, 0))
+    hub.handle(s, TrainerAct(1, red_act(1, 2).actions, policy="red"))
+    hub.handle(s, TrainerAct(1, blue_act(1, 1).actions, policy="blue"))
+    [sampler] = hub.snapshot()["samplers"]
+    assert sampler["name"] == "s" and sampler["games"] == [0]
+    red, blue = sampler["policies"]["red"], sampler["policies"]["blue"]
+    assert (red["agents"], red["env_steps"], red["state"]) == (2, 2, "sampling")
+    assert (blue["agents"], blue["env_steps"]) == (1, 1)
+    table = render_table(hub.snapshot())
+    assert "sampling games 0" in table and table.count("sampling games 0") == 2
+    hub.peer_lost(s)
+    assert hub.snapshot()["samplers"] == []

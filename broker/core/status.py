@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from broker.core import claims
 from broker.core.effects import Effect, Send
 from broker.core.holding import Stall
 from broker.core.metrics import PolicyMetrics
@@ -79,7 +80,25 @@ def snapshot(hub: Hub) -> dict[str, Any]:
             for s in hub.slots
         ],
         "policies": policies_status(hub),
+        "samplers": samplers_status(hub),
     }
+
+
+def samplers_status(hub: Hub) -> list[dict[str, Any]]:
+    """Each sampler, the games it holds and its own view of every policy of them (docs/protocol.md §4a)."""
+    now = hub.clock()
+    out = []
+    for session in hub.sessions.values():
+        if not isinstance(session, claims.SamplerSession):
+            continue
+        policies = {
+            name: own.metrics.status(
+                now, agents=own.n_envs, envs=own.n_envs, trainer=session.who, state="sampling", mode=own.options.mode
+            )
+            for name, own in session.policies.items()
+        }
+        out.append({"name": session.who, "games": list(session.slots), "policies": policies})
+    return out
 
 
 def policies_status(hub: Hub) -> dict[str, dict[str, Any]]:

@@ -36,86 +36,142 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServerConfig()
-    parser.add_argument("--host", default=defaults.host, help="address to bind (default: loopback only)")
-    parser.add_argument("--port", type=int, default=defaults.port, help="the one port for games and trainers")
-    parser.add_argument("--unix", dest="unix_path", default=None, help="also listen on this Unix socket path")
-    parser.add_argument(
+    for add in (
+        _add_network_arguments,
+        _add_limit_arguments,
+        _add_stepping_arguments,
+        _add_compat_arguments,
+        _add_frozen_arguments,
+        _add_log_arguments,
+    ):
+        add(parser, defaults)
+
+
+def _add_network_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """Addresses, the token, and where the bound port and the metrics go."""
+    group = parser.add_argument_group("where it listens")
+    group.add_argument("--host", default=defaults.host, help="address to bind (default: loopback only)")
+    group.add_argument("--port", type=int, default=defaults.port, help="the one port for games and trainers")
+    group.add_argument("--unix", dest="unix_path", default=None, help="also listen on this Unix socket path")
+    group.add_argument(
         "--games", type=int, default=None, help="game instances to expect (default: --n-parallel, else 1)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--token",
         default=os.environ.get(TOKEN_ENV),
         help=f"shared token every hello must carry (env {TOKEN_ENV}); required off loopback",
     )
-    parser.add_argument(
+    group.add_argument(
         "--token-file",
         default=None,
         metavar="PATH",
         help="read the token from this file (first line), so it is not visible in the process list",
     )
-    parser.add_argument(
+    group.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus text metrics over HTTP on this port, bound to loopback (127.0.0.1) whatever --host",
+    )
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """What one peer may send and how long it may take: beyond them it gets an error and is closed."""
+    group = parser.add_argument_group("limits")
+    group.add_argument(
         "--max-frame-bytes", type=int, default=defaults.max_frame_bytes, help="largest frame a peer may send"
     )
-    parser.add_argument(
+    group.add_argument(
         "--max-pending-bytes",
         type=int,
         default=defaults.max_pending_bytes,
         help="bytes queued for one slow peer before it is dropped",
     )
-    parser.add_argument(
+    group.add_argument(
         "--limit-connections", type=int, default=defaults.limit_connections, help="admitted peers (after hello)"
     )
-    parser.add_argument(
+    group.add_argument(
         "--limit-before-hello",
         type=int,
         default=defaults.limit_before_hello,
         help="connections not yet past hello; when full, the oldest of them is shed",
     )
-    parser.add_argument(
+    group.add_argument(
         "--timeout-hello",
         type=float,
         default=defaults.timeout_hello,
         help="seconds a new connection has to say hello",
     )
-    parser.add_argument(
+    group.add_argument(
         "--timeout-frame",
         type=float,
         default=defaults.timeout_frame,
         help="seconds a started frame may take to arrive whole, after hello (then slow_peer)",
     )
-    parser.add_argument(
-        "--status-interval",
-        type=float,
-        default=defaults.status_interval,
-        help="seconds between status log lines (0: off)",
-    )
-    parser.add_argument(
+
+
+def _add_stepping_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """How games wait for policies whose trainer does not choose (docs/protocol.md section 5)."""
+    group = parser.add_argument_group("stepping")
+    group.add_argument(
         "--stepping",
         choices=["hold", "barrier"],
         default=defaults.stepping,
         help="stepping of policies whose trainer does not choose: hold (a game never waits "
         "longer than the deadline for a busy trainer) or barrier (lock-step)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--deadline-ms",
         type=float,
         default=None,
         help="how long a game tick waits for a policy's actions; barrier default: no limit; hold default: "
         + HOLD_DEADLINE_DEFAULT_TEXT,
     )
-    parser.add_argument(
+    group.add_argument(
         "--hold-action",
         choices=["repeat", "noop"],
         default=defaults.hold_action,
         help="what held agents do: repeat their last action, or all-zero actions",
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=None,
-        help="serve Prometheus text metrics over HTTP on this port, bound to loopback (127.0.0.1) whatever --host",
+
+
+def _add_frozen_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """Groups the broker plays itself from ONNX models (docs/self_play.md)."""
+    group = parser.add_argument_group("frozen groups and self-play")
+    group.add_argument(
+        "--frozen",
+        action="append",
+        default=[],
+        metavar="GROUP=PATH.onnx",
+        help="the broker plays GROUP itself with this ONNX model (gdrl-train --onnx-export-path), reloaded "
+        "when the file changes; no trainer needed (repeatable; docs/self_play.md)",
     )
-    parser.add_argument("--port-file", default=None, help="write the bound TCP port here once listening")
+    group.add_argument(
+        "--self-play-pool",
+        action="append",
+        default=[],
+        metavar="GROUP=DIR",
+        help="play GROUP from this self-play pool with the settings saved in DIR/pool.json, continuing its "
+        "rotation and Elo (a restarted broker; gdrl-train --opponent sets a pool up; repeatable)",
+    )
+
+
+def _add_log_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """The log and the periodic status line."""
+    group = parser.add_argument_group("logging")
+    group.add_argument(
+        "--status-interval",
+        type=float,
+        default=defaults.status_interval,
+        help="seconds between status log lines (0: off)",
+    )
+    group.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
+    group.add_argument("--log-level", default="info", help="debug, info, warning or error")
+
+
+def _add_compat_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
+    """godot_rl's own launch options, for exported games and godot_rl training scripts."""
     compat = parser.add_argument_group("godot_rl compatibility")
     compat.add_argument("--env-path", default=None, help="exported game to launch, every copy on this broker's port")
     compat.add_argument("--n-parallel", type=int, default=None, help="copies of --env-path to run (default 1)")
@@ -130,24 +186,6 @@ def _add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="POLICY=HOST:PORT",
         help="serve POLICY's agents to an unmodified godot_rl training script listening there (repeatable)",
     )
-    parser.add_argument(
-        "--frozen",
-        action="append",
-        default=[],
-        metavar="GROUP=PATH.onnx",
-        help="the broker plays GROUP itself with this ONNX model (gdrl-train --onnx-export-path), reloaded "
-        "when the file changes; no trainer needed (repeatable; docs/self_play.md)",
-    )
-    parser.add_argument(
-        "--self-play-pool",
-        action="append",
-        default=[],
-        metavar="GROUP=DIR",
-        help="play GROUP from this self-play pool with the settings saved in DIR/pool.json, continuing its "
-        "rotation and Elo (a restarted broker; gdrl-train --opponent sets a pool up; repeatable)",
-    )
-    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console text")
-    parser.add_argument("--log-level", default="info", help="debug, info, warning or error")
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:

@@ -16,14 +16,10 @@ const MAX_RETRY_SEC: float = 2.0
 const MAX_QUEUED_MESSAGES: int = 16
 const MAX_READ_BYTES: int = 1 << 20
 ## Sleep between polls in wait_for_message(), leaving the CPU to the broker and the trainers on the
-## same machine. Whatever it asks, a sleep lasts 100-150 us on Linux (timer slack, the wake-up), so
-## sleeping until the answer lands would add half a sleep to every decision.
+## same machine. Whatever it asks, a sleep lasts 100-150 us on Linux (timer slack, the wake-up).
+## Polling without sleeping near the usual answer time was measured: 1.07x on a quiet machine but
+## 0.56x under load (the busy game takes the CPU the broker and the trainer need), so it sleeps.
 const WAIT_POLL_USEC: int = 50
-## So from two sleeps before the usual answer time the wait polls without sleeping, for at most this
-## long (then it sleeps again): a late answer (a busy trainer) costs no busy CPU.
-const SPIN_MAX_USEC: int = 1000
-## Weight of a new answer time (or sleep length) in its running average: 1/8.
-const AVERAGE_SHIFT: int = 3
 
 var state: State = State.IDLE
 ## Why the connection ended; "" after an orderly close (then see close_reason).
@@ -48,10 +44,6 @@ var _deadline_msec: int = 0
 var _retry_at_msec: int = 0
 var _retry_sec: float = FIRST_RETRY_SEC
 var _last_connect_error: String = ""
-## Running averages for wait_for_message(): how soon answers came (-1: none yet) and how long a
-## sleep lasts.
-var _usual_answer_usec: int = -1
-var _sleep_usec: int = 150
 
 
 ## Starts connecting; `hello` is the hello message, sent as soon as the connection is up.
@@ -77,28 +69,14 @@ func poll() -> void:
 
 
 ## Polls until a message from the broker is waiting or the connection is no longer READY, for at
-## most timeout_usec. Returns at once when a message is already waiting. Sleeps between polls,
-## except around the usual answer time (see SPIN_MAX_USEC).
+## most timeout_usec. Returns at once when a message is already waiting.
 func wait_for_message(timeout_usec: int) -> void:
-	var started: int = Time.get_ticks_usec()
-	var give_up_at: int = started + timeout_usec
-	var spin_from: int = give_up_at
-	if _usual_answer_usec >= 0:
-		spin_from = started + _usual_answer_usec - 2 * _sleep_usec
-	var spin_until: int = spin_from + SPIN_MAX_USEC
+	var give_up_at: int = Time.get_ticks_usec() + timeout_usec
 	while _inbox.is_empty() and state == State.READY:
 		poll()
-		var now: int = Time.get_ticks_usec()
-		if not _inbox.is_empty() or state != State.READY or now >= give_up_at:
-			break
-		if now < spin_from or now >= spin_until:
-			OS.delay_usec(WAIT_POLL_USEC)
-			_sleep_usec += (Time.get_ticks_usec() - now - _sleep_usec) >> AVERAGE_SHIFT
-	if not _inbox.is_empty():
-		var answer_usec: int = Time.get_ticks_usec() - started
-		if _usual_answer_usec < 0:
-			_usual_answer_usec = answer_usec
-		_usual_answer_usec += (answer_usec - _usual_answer_usec) >> AVERAGE_SHIFT
+		if not _inbox.is_empty() or state != State.READY or Time.get_ticks_usec() >= give_up_at:
+			return
+		OS.delay_usec(WAIT_POLL_USEC)
 
 
 func is_ready() -> bool:

@@ -233,7 +233,7 @@ def print_table(result: dict[str, Any]) -> None:
         one_hop = inprocess / row["plugin_direct"]
         worst = min(direct, via)
         # Within 2 %: both run at the game's own tick rate (speedup x 60 / action_repeat); the rest is noise.
-        verdict = "met" if worst >= 1.0 else "equal within 2 %" if worst >= 0.98 else "missed"
+        verdict = "met" if worst >= 1.0 else "equal within 2 %" if worst >= 0.98 else f"missed by {1 - worst:.0%}"
         if worst < 0.98 and one_hop >= 0.98:
             verdict += f" over TCP; {'met' if one_hop >= 1.0 else 'equal within 2 %'} in-process (one hop)"
         print(

@@ -94,9 +94,9 @@ func _ready() -> void:
 func _physics_process(_delta: float) -> void:
 	if not _started or _quitting:
 		return
-	# Between decision ticks nothing is due from the broker: polling there would cost every tick
-	# (a close is still seen at the next decision tick).
-	if _client != null and (_awaiting_actions or _ticks_left <= 0 or not _client.is_ready()):
+	# Nothing is due from the broker unless a step awaits its answer: polling there would cost every
+	# tick (a close is seen by the wait after the next step).
+	if _client != null and (_awaiting_actions or not _client.is_ready()):
 		_client.poll()
 		if _client.is_closed():
 			_on_broker_closed()

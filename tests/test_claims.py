@@ -265,3 +265,28 @@ def test_status_shows_each_sampler_its_games_and_its_view_of_every_policy() -> N
     assert "sampling games 0" in table and table.count("sampling games 0") == 2
     hub.peer_lost(s)
     assert hub.snapshot()["samplers"] == []
+
+
+def test_in_barrier_stepping_a_sampler_gone_mid_tick_releases_that_tick_and_the_next_sampler_gets_the_next() -> None:
+    hub, (g0,) = seated_hub(1)
+    barrier = StepOptions(mode="barrier")
+    s = Peer("s")
+    hub.handle(s, sampler_hello(1, barrier))
+    hub.handle(s, TrainerReset())
+    hub.handle(g0, game_step(0, 0))
+    hub.handle(s, TrainerAct(1, red_act(1, 2).actions, policy="red"))
+    # gone with blue's batch unanswered: nobody will answer that tick, so it is released (blue held)
+    [reply] = hub.peer_lost(s)
+    assert isinstance(reply, Send) and reply.peer == g0 and isinstance(reply.message, GameActions)
+    assert list(reply.message.groups) == ["red"]
+    # the next tick waits, lock-step, for a sampler: no reply
+    assert not any(isinstance(e, Send) and e.peer == g0 for e in hub.handle(g0, game_step(1, 5)))
+    s2 = Peer("s2")
+    hub.handle(s2, sampler_hello(1, barrier))
+    batches = sent(hub.handle(s2, TrainerReset()), Batch)
+    assert [(b.policy, b.step, b.data.obs["obs"][0, 0]) for b in batches] == [("red", 1, 5.0), ("blue", 1, 15.0)]
+    hub.handle(s2, TrainerAct(1, red_act(1, 2).actions, policy="red"))
+    effects = hub.handle(s2, TrainerAct(1, blue_act(1, 1).actions, policy="blue"))
+    [reply] = [e for e in effects if isinstance(e, Send) and e.peer == g0]
+    assert isinstance(reply.message, GameActions) and reply.message.tick == 1
+    assert sorted(reply.message.groups) == ["blue", "red"]

@@ -9,7 +9,8 @@ path (accumulate, hold or barrier, batches, actions); only the routing differs: 
 
 A slot once claimed stays a sampler's slot: per-policy layouts skip it (``seating.lay_out``), and when its
 sampler leaves its groups go on to that sampler's states, which have no trainer then (held, as any policy
-without a trainer), until the next sampler claims it. A claim is refused when too few games are free
+without a trainer; in barrier stepping the tick it left unanswered is released, and the next tick waits),
+until the next sampler claims it and gets the newest ticks. A claim is refused when too few games are free
 (``no_free_game``: the client retries) or when a policy of a free game is trained per-policy there
 (``policy_trained``).
 """
@@ -24,6 +25,7 @@ import structlog
 from broker.core import seating
 from broker.core.effects import Peer, Send
 from broker.core.sessions import PolicyState, Slot, TrainerSession
+from broker.core.states import advance
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import ALL_GAMES, Hello, TrainerAct, TrainerReset, Welcome
@@ -138,6 +140,11 @@ def remove_sampler(hub: Hub, sampler: SamplerSession) -> None:
         own.open = None  # nobody answers it; the next sampler starts from the newest ticks
     for index in sampler.slots:
         game = hub.slots[index].game
-        if game is not None:
-            hub.try_reply(game)  # hold-mode games stop waiting for a sampler that is gone
+        if game is None:
+            continue
+        if game.awaiting:  # nobody will answer this tick's open batches: release it (held), even in barrier
+            for name in sampler.policies:
+                if name in game.groups and name not in game.ready:
+                    game.waits[name] = advance(game.wait_of(name), "release")
+        hub.try_reply(game)  # the next tick accumulates for the next sampler (which gets the newest ticks)
     log.info("sampler left", name=sampler.who, games=list(sampler.slots))

@@ -25,20 +25,30 @@ from clients.sim_game import MOVER, PICKER
 
 ENV_NAME = "gdrl-broker"
 
-# APPO (RLlib 2.60, new API stack) after its tuned pendulum_appo example (K=10, target freq, KL loss, lr) and
-# the settings all its tuned examples share (entropy_coeff=0), fitted to a sampler slower than the learner:
-APPO_TRAINING: dict[str, Any] = {
-    "lr": 3e-4,
-    "entropy_coeff": 0.0,  # PPO's default too; APPO's 0.01 pays the movers' Gaussian for widening
-    "circular_buffer_num_batches": 4,
-    "circular_buffer_iterations_per_batch": 10,  # each batch is learned from 10 times, not 2 (the default)
-    # in units of num_batches x iterations_per_batch x batch: the target policy (the clip's and the KL's
-    # reference) follows about once per new batch, as PPO's old policy does; the default, 2 x 8 x 2, waits 16 batches
-    "target_network_update_freq": 0.25,
-    "use_kl_loss": True,
-    "kl_coeff": 1.0,
-    "kl_target": 0.04,
-}
+APPO_BUFFER_BATCHES, APPO_PASSES = 4, 10
+
+
+def appo_training(batch: int) -> dict[str, Any]:
+    """APPO's training settings (RLlib 2.60, new API stack): its tuned pendulum_appo example (many passes over
+    each batch, KL loss, lr) and what all its tuned examples share (entropy_coeff=0), fitted to a sampler that
+    is slower than the learner."""
+    return {
+        "train_batch_size_per_learner": batch,
+        "lr": 3e-4,
+        "entropy_coeff": 0.0,  # PPO's default too; APPO's 0.01 pays the movers' Gaussian for widening
+        "circular_buffer_num_batches": APPO_BUFFER_BATCHES,
+        "circular_buffer_iterations_per_batch": APPO_PASSES,  # each batch is learned from 10 times, not 2
+        # Counted in buffer batches x passes x batch trained env steps: here one env step, so the target policy
+        # (the clip's and the KL's reference) follows at the first pass over each new batch (all passes carry
+        # one step count), as PPO's old policy does; RLlib's default (2, with 8 batches x 2 passes) waits for
+        # 32 batches' worth of trained env steps.
+        "target_network_update_freq": 1 / (APPO_BUFFER_BATCHES * APPO_PASSES * batch),
+        "use_kl_loss": True,
+        "kl_coeff": 1.0,
+        "kl_target": 0.04,
+    }
+
+
 # And batch_mode="complete_episodes": RLlib's V-trace loss ends every sampled chunk with a phantom step
 # whose discount is 0, which cancels the chunk's bootstrap value (tests/test_rllib.py shows it), so a chunk
 # cut mid-episode (truncate_episodes, every rollout_fragment_length steps) is learned as if the episode had
@@ -68,8 +78,8 @@ def ppo_config(
     if algo == "appo":
         config: Any = (
             APPOConfig()
-            .training(train_batch_size_per_learner=100 * env_runners, **APPO_TRAINING)
-            .env_runners(batch_mode="complete_episodes")  # see APPO_TRAINING: no chunk cut mid-episode
+            .training(**appo_training(100 * env_runners))
+            .env_runners(batch_mode="complete_episodes")  # see appo_training: no episode cut into chunks
         )
     else:
         config = PPOConfig().training(
@@ -147,7 +157,13 @@ def train(algo: Any, iterations: int) -> list[dict[str, float]]:
         result = algo.train()
         history.append(mean_agent_returns(result))
         steps = result.get("env_runners", {}).get("num_env_steps_sampled_lifetime")
-        print(f"iteration {i + 1}: mean return per agent {history[-1]}, env steps {steps}", flush=True)
+        learners = result.get("learners", {})
+        targets = {p: v["num_target_updates"] for p, v in learners.items() if "num_target_updates" in v}  # APPO
+        print(
+            f"iteration {i + 1}: mean return per agent {history[-1]}, env steps {steps}"
+            + (f", target policy updates {targets}" if targets else ""),
+            flush=True,
+        )
     return history
 
 

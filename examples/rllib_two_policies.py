@@ -38,10 +38,10 @@ def appo_training(batch: int) -> dict[str, Any]:
         "entropy_coeff": 0.0,  # PPO's default too; APPO's 0.01 pays the movers' Gaussian for widening
         "circular_buffer_num_batches": APPO_BUFFER_BATCHES,
         "circular_buffer_iterations_per_batch": APPO_PASSES,  # each batch is learned from 10 times, not 2
-        # Counted in buffer batches x passes x batch trained env steps: here one env step, so the target policy
-        # (the clip's and the KL's reference) follows at the first pass over each new batch (all passes carry
-        # one step count), as PPO's old policy does; RLlib's default (2, with 8 batches x 2 passes) waits for
-        # 32 batches' worth of trained env steps.
+        # Counted in buffer batches x passes x batch trained env steps: here one env step, so that the target
+        # policy (the clip's and the KL's reference) may follow at each new batch, like PPO's old policy; the
+        # default (2, with 8 batches x 2 passes) waits for 32 batches' worth. RLlib counts trained steps from
+        # the learner results it has read, so with the learner behind it followed rarely (docs/scale_out.md).
         "target_network_update_freq": 1 / (APPO_BUFFER_BATCHES * APPO_PASSES * batch),
         "use_kl_loss": True,
         "kl_coeff": 1.0,
@@ -116,12 +116,14 @@ def mean_agent_returns(result: dict[str, Any]) -> dict[str, float]:
     return {policy: sum(v) / len(v) for policy, v in totals.items()}
 
 
-def random_returns(address: str, steps: int, claim: int | str = "all", seed: int = 0) -> dict[str, list[float]]:
+def random_returns(
+    address: str, steps: int, claim: int | str = "all", seed: int = 0, stepping: str | None = None
+) -> dict[str, list[float]]:
     """Returns per agent of finished (RLlib) episodes of uniformly random actions, per policy, through the env
     itself: the baseline measured by the same episode rule as training."""
     import numpy as np
 
-    env = BrokerMultiAgentEnv({"broker": address, "claim_games": claim, "name": "random"})
+    env = BrokerMultiAgentEnv({"broker": address, "claim_games": claim, "name": "random", "stepping": stepping})
     rng = np.random.default_rng(seed)
     finished: dict[str, list[float]] = {p: [] for p in env.spaces}
     action_spaces = dict(env.action_spaces or {})
@@ -191,7 +193,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", default="", help="save the algorithm here at the end")
     parser.add_argument("--onnx-dir", default="", help="export one ONNX file per policy here at the end")
     parser.add_argument("--random-steps", type=int, default=0, help="first measure random actions (env steps)")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--stepping",
+        choices=("hold", "barrier"),
+        default=None,
+        help="the games' stepping (default: the broker's, hold); barrier: one game tick per transition however "
+        "slow the sampler, so returns compare across machines and with --random-steps",
+    )
+    args = parser.parse_args(argv)
+    if args.random_steps and args.stepping == "barrier":  # docs/scale_out.md, APPO: the limits seen
+        parser.error("--random-steps with --stepping barrier: games released in barrier stepping stall")
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -201,11 +213,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ray.init(ignore_reinit_error=True)
     random = {}
     if args.random_steps:  # before the env runners claim the games
-        random = {p: _mean(v) for p, v in random_returns(args.broker, args.random_steps).items()}
+        measured = random_returns(args.broker, args.random_steps, stepping=args.stepping)
+        random = {p: _mean(v) for p, v in measured.items()}
         print(f"random actions: mean return per agent {random}", flush=True)
     claim = args.claim_games if args.claim_games == "all" else int(args.claim_games)
     resources = {args.runner_resource: 1.0} if args.runner_resource else None
-    env_config = {"broker": args.broker, "claim_games": claim}
+    env_config = {"broker": args.broker, "claim_games": claim, "stepping": args.stepping}
     algo = ppo_config(env_config, env_runners=args.env_runners, runner_resources=resources, algo=args.algo).build_algo()
     history = train(algo, args.iterations)
     last = {p: _mean([h[p] for h in history[-3:] if p in h]) for p in (MOVER, PICKER)}

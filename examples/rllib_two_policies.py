@@ -4,8 +4,10 @@ Start a broker and its games, then this script::
 
     gdrl-broker serve --games 4 &
     for i in 0 1 2 3; do gdrl-broker sim-game --seed $i & done
-    python examples/rllib_two_policies.py --env-runners 2 --claim-games 2 --iterations 20 --random-steps 240 \
-        [--algo appo]
+    python examples/rllib_two_policies.py --env-runners 2 --claim-games 2 --iterations 20 --random-steps 240
+    python examples/rllib_two_policies.py --algo appo --stepping barrier --claim-games 2 --iterations 24
+
+(``--stepping barrier``: one game tick per transition however loaded the machine; docs/scale_out.md, APPO.)
 
 Each env runner's ``BrokerMultiAgentEnv`` claims its own games from the broker on its node and steps both
 groups of them; one RLModule per broker policy (``policy_mapping_fn``: the agent id's prefix). On a cluster

@@ -23,9 +23,10 @@ if os.environ.get("GDRL_REQUIRE_RLLIB") != "1":  # CI installs the [rllib] extra
 
 import ray
 
-from clients.rllib_env import BrokerMultiAgentEnv, export_module_onnx, policy_mapping_fn, policy_of
+from clients.rllib_env import BrokerMultiAgentEnv, export_module_onnx, policy_mapping_fn
 from clients.sim_game import MOVER, PICKER
 from examples.rllib_two_policies import mean_agent_returns, ppo_config
+from examples.rllib_two_policies import random_returns as random_episode_returns
 from tests.test_onnx_export import assert_plugin_contract, expected_width, plugin_decode
 from tests.test_train import sim_broker
 
@@ -40,30 +41,10 @@ def runner_games(runner: Any) -> list[int]:
     return games
 
 
-def random_returns(address: str, steps: int, claim: int | str = "all", seed: int = 0) -> dict[str, float]:
+def random_returns(address: str, steps: int) -> dict[str, float]:
     """Mean return per agent per (RLlib) episode of uniformly random actions, through the env itself."""
-    env = BrokerMultiAgentEnv({"broker": address, "claim_games": claim, "name": "random"})
-    rng = np.random.default_rng(seed)
-    finished: dict[str, list[float]] = {MOVER: [], PICKER: []}
-    try:
-        for space in env.action_spaces.values():
-            space.seed(int(rng.integers(1 << 30)))
-        obs, _ = env.reset()
-        returns = dict.fromkeys(env.possible_agents, 0.0)
-        for _ in range(steps):
-            obs, rewards, terminateds, _truncateds, _infos = env.step(
-                {agent: env.action_spaces[agent].sample() for agent in obs}
-            )
-            for agent, reward in rewards.items():
-                returns[agent] += reward
-            if terminateds["__all__"]:
-                for agent, total in returns.items():
-                    finished[policy_of(agent)].append(total)
-                returns = dict.fromkeys(env.possible_agents, 0.0)
-                obs, _ = env.reset()
-    finally:
-        env.close()
-    assert all(len(v) >= 16 for v in finished.values()), {p: len(v) for p, v in finished.items()}
+    finished = random_episode_returns(address, steps)
+    assert all(len(finished[p]) >= 16 for p in (MOVER, PICKER)), {p: len(v) for p, v in finished.items()}
     return {p: float(np.mean(v)) for p, v in finished.items()}
 
 
@@ -245,3 +226,44 @@ def test_onnx_export_of_fresh_modules_meets_the_addon_contract(tmp_path: Path) -
         path = tmp_path / "checkpoint" / policy
         modules[policy].save_to_path(str(path))
     check_checkpoint_and_onnx(tmp_path / "checkpoint", modules, spaces, tmp_path, module_dir=Path())
+
+
+def test_appo_samples_whole_episodes_because_rllib_vtrace_drops_a_cut_chunks_bootstrap() -> None:
+    """Why the example's APPO samples complete episodes: RLlib 2.60's APPO learner appends a phantom step to
+    every episode chunk (AddOneTsToEpisodesAndTruncate: reward 0, loss mask 0) and multiplies V-trace's
+    discounts by the loss mask (appo_torch_learner.py); V-trace's recursion through that step cancels the
+    value it bootstraps from, so a chunk cut mid-episode is learned as if its episode had ended there. An RLlib
+    that keeps the bootstrap fails this test, and complete episodes are then no longer needed."""
+    import torch
+    from ray.rllib.algorithms.impala.torch.vtrace_torch_v2 import vtrace_torch
+    from ray.rllib.connectors.learner import AddOneTsToEpisodesAndTruncate
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.env.single_agent_episode import SingleAgentEpisode
+
+    gamma, bootstrap = 0.99, 10.0
+    # two steps of an episode that goes on (neither terminated nor truncated): a chunk cut by the sampler
+    chunk = SingleAgentEpisode(observations=[0, 1, 2], actions=[0, 1], rewards=[1.0, 1.0], len_lookback_buffer=0)
+    chunk = chunk.to_numpy()
+    batch: dict[str, Any] = {}
+    AddOneTsToEpisodesAndTruncate()(rl_module=None, batch=batch, episodes=[chunk], shared_data={})
+    (loss_mask,) = batch[Columns.LOSS_MASK].values()
+    (terminated,) = batch[Columns.TERMINATEDS].values()
+
+    def time_major(x: Any) -> torch.Tensor:  # [T, B=1]
+        return torch.tensor(np.asarray(x, np.float32))[:, None]
+
+    discounts = (1.0 - time_major(terminated)) * gamma * time_major(loss_mask)  # the learner's formula
+    rewards = time_major(chunk.get_rewards())  # 1, 1 and the phantom step's 0
+    values = time_major([0.0, 0.0, bootstrap])  # the phantom step repeats the last observation: its value
+    logp = torch.zeros_like(rewards)  # on-policy: every importance ratio 1
+    vs, advantages = vtrace_torch(
+        target_action_log_probs=logp,
+        behaviour_action_log_probs=logp,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_values=torch.zeros(1),
+    )
+    # bootstrapped, the last real step's target and advantage would be 1 + 0.99 * 10; they are the reward alone
+    assert vs[1, 0].item() == pytest.approx(1.0) and advantages[1, 0].item() == pytest.approx(1.0)
+    assert ppo_config({}, algo="appo").batch_mode == "complete_episodes"  # so no episode is cut into chunks

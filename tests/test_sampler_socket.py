@@ -107,3 +107,33 @@ def test_a_sampler_started_before_its_broker_and_games_claims_them_once_they_are
     finally:
         for proc in [broker, *procs]:
             stop(proc)
+
+
+def test_in_barrier_stepping_a_sampler_gone_mid_tick_does_not_stall_the_game_for_the_next(tmp_path: Path) -> None:
+    """An RLlib env runner that dies with a batch unanswered, in lock-step: the next one that claims its
+    game must get batches (the game's unanswered tick is released, then it waits for the newcomer)."""
+    import threading
+
+    from broker.protocol.messages import StepOptions
+
+    rng = np.random.default_rng(1)
+    barrier = StepOptions(mode="barrier")
+    with sim_broker(tmp_path, [(2, 3)]) as address:
+        first = SamplerLink(address, 1, name="runner-1", stepping=barrier, timeout_claim=60)
+        first.wait()
+        first.act(MOVER, random_actions(first, MOVER, rng))  # the picker's batch stays unanswered
+        first.close()
+        second = SamplerLink(address, 1, name="runner-2", stepping=barrier, timeout_claim=30)
+        got: list[dict] = []
+        waiter = threading.Thread(target=lambda: got.append(second.wait()), daemon=True)
+        waiter.start()
+        waiter.join(timeout=60)
+        try:
+            assert got and set(got[0]) == {MOVER, PICKER}, "the game stalled for the next sampler"
+            for _ in range(5):  # and it steps on in lock-step with the newcomer
+                for policy in (MOVER, PICKER):
+                    second.act(policy, random_actions(second, policy, rng))
+                batches = second.wait()
+                assert batches[MOVER].data.frames is None  # barrier: no hold frames
+        finally:
+            second.close()

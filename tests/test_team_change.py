@@ -20,7 +20,7 @@ import pytest
 
 from broker.core.team_change import Rotation, disagreement, start
 from clients.errors import BrokerError
-from clients.status import fetch_status, send_control
+from clients.status import fetch_status, render_table, send_control
 from tests.helpers import broker_process, python_env, spawn_python
 
 TEAMS = ("mover", "picker")
@@ -227,6 +227,14 @@ def test_team_change_refusals_reach_the_asker_only(tmp_path: Path) -> None:
         ask = {"team": "mover", "partner": "picker", "pool": str(tmp_path / "pool-mover"), "every": 100}
         with pytest.raises(BrokerError, match="unknown partner 'runner': the games have groups mover, picker"):
             send_control(address, "team_change", {**ask, "partner": "runner"})
+        alien = tmp_path / "pool-alien"  # a pool written for other spaces
+        alien.mkdir()
+        (alien / "snapshot-000000.onnx").write_bytes(b"model")
+        meta = {"steps": 0, "observation_space": {"obs": {"type": "box", "shape": [9]}}, "action_space": {}}
+        (alien / "snapshot-000000.json").write_text(json.dumps(meta))
+        with pytest.raises(BrokerError, match=r"has the observation space .* a pool of another group or game"):
+            send_control(address, "team_change", {**ask, "pool": str(alien)})
+        assert fetch_status(address)["team_change"] == {}  # nothing left of the refused request
         first = send_control(address, "team_change", ask)["team_change"]
         assert first["learner"] == "mover" and first["learns"]  # the first to ask learns first
         picker = {**ask, "team": "picker", "partner": "mover", "pool": str(tmp_path / "pool-picker")}
@@ -236,4 +244,6 @@ def test_team_change_refusals_reach_the_asker_only(tmp_path: Path) -> None:
             send_control(address, "team_change", {**picker, "every": "often"})
         reply = send_control(address, "team_change", picker)["team_change"]
         assert reply["learner"] == "mover" and not reply["learns"] and reply["frozen"] == []  # no snapshot yet
-        assert fetch_status(address)["team_change"]["mover & picker"]["turns"] == 0
+        status = fetch_status(address)
+        assert status["team_change"]["mover & picker"]["turns"] == 0
+        assert "team change mover & picker: mover learns, turn 0, 0/100 steps" in render_table(status)

@@ -148,7 +148,13 @@ class TeamChanges:
         team, partner, pool_dir, every, detached = _request(args)
         self._check_groups(team, partner)
         change = self._change(team, partner, every)
-        change.join(team, pool_dir)
+        try:
+            change.join(team, pool_dir)
+        except ControlError:
+            if not change.pools:  # a refused first request leaves no rotation behind
+                self.by_team.pop(team, None)
+                self.by_team.pop(partner, None)
+            raise
         if detached:
             await self._wait_detached(team)
             if change.rotation.learner == team and change.rotation.turn_over:

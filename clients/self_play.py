@@ -16,7 +16,7 @@ from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
-from broker.protocol.snapshots import SNAPSHOT_PREFIX, snapshot_index, snapshot_name
+from broker.protocol.snapshots import POOL_STATE_FILE, SNAPSHOT_PREFIX, snapshot_index, snapshot_name
 from broker.protocol.spaces import PolicySpaces
 from clients.status import fetch_status, send_control
 
@@ -25,6 +25,52 @@ def snapshot_indices(pool: Path) -> list[int]:
     """Indices of the pool's complete snapshots (their metadata written), ascending."""
     indices = (snapshot_index(path.stem) for path in pool.glob(f"{SNAPSHOT_PREFIX}*.json"))
     return sorted(i for i in indices if i is not None)
+
+
+def write_snapshot(pool: Path, model: Any, spaces: PolicySpaces, policy: str) -> Path:
+    """Write the policy as the pool's next snapshot; the metadata last, so the broker never picks a
+    half-written model."""
+    from clients.onnx_export import export_onnx
+
+    indices = snapshot_indices(pool)
+    index = (indices[-1] + 1) if indices else 0
+    stem = pool / snapshot_name(index)
+    tmp = stem.with_suffix(".onnx.tmp")
+    export_onnx(model, tmp, spaces, policy_name=policy, check=False)
+    os.replace(tmp, stem.with_suffix(".onnx"))
+    meta = {
+        "index": index,
+        "policy": policy,
+        "steps": int(model.num_timesteps),
+        "written_at": time.time(),
+        "observation_space": spaces.observation_wire(),
+        "action_space": spaces.action_wire(),
+    }
+    stem.with_suffix(".json.tmp").write_text(json.dumps(meta, indent=1))
+    os.replace(stem.with_suffix(".json.tmp"), stem.with_suffix(".json"))
+    return stem.with_suffix(".onnx")
+
+
+def prune(pool: Path, keep: int) -> list[str]:
+    """Delete the oldest snapshots beyond ``keep`` (0: keep them all), never the one the broker plays now
+    (``pool.json``'s opponent); the metadata first, so the broker stops counting a snapshot before its model
+    goes. Their Elo ratings stay in the table. Returns the names deleted."""
+    if keep < 1:
+        return []
+    try:
+        playing = json.loads((pool / POOL_STATE_FILE).read_text(encoding="utf-8")).get("opponent")
+    except (OSError, ValueError, AttributeError):
+        playing = None
+    names = [snapshot_name(i) for i in snapshot_indices(pool)]
+    removed: list[str] = []
+    for name in names[:-1]:  # never the newest
+        if len(names) - len(removed) <= keep:
+            break
+        if name != playing:
+            (pool / f"{name}.json").unlink(missing_ok=True)
+            (pool / f"{name}.onnx").unlink(missing_ok=True)
+            removed.append(name)
+    return removed
 
 
 class SelfPlay:
@@ -40,8 +86,10 @@ class SelfPlay:
         play_latest: float,
         swap_every: int,
         seed: int = 0,
+        keep: int = 0,
     ) -> None:
         self.address, self.token = address, token
+        self.keep = keep
         self.policy, self.opponent = policy, opponent
         self.pool = Path(pool).resolve()
         self.spaces = spaces
@@ -65,28 +113,10 @@ class SelfPlay:
         return send_control(self.address, "self_play", self.request, self.token)
 
     def snapshot(self, model: Any) -> Path:
-        """Write the policy as the pool's next snapshot; the metadata last, so the broker never picks a
-        half-written model."""
-        from clients.onnx_export import export_onnx
-
-        indices = snapshot_indices(self.pool)
-        index = (indices[-1] + 1) if indices else 0
-        stem = self.pool / snapshot_name(index)
-        tmp = stem.with_suffix(".onnx.tmp")
-        export_onnx(model, tmp, self.spaces, policy_name=self.policy, check=False)
-        os.replace(tmp, stem.with_suffix(".onnx"))
-        meta = {
-            "index": index,
-            "policy": self.policy,
-            "steps": int(model.num_timesteps),
-            "written_at": time.time(),
-            "observation_space": self.spaces.observation_wire(),
-            "action_space": self.spaces.action_wire(),
-        }
-        stem.with_suffix(".json.tmp").write_text(json.dumps(meta, indent=1))
-        os.replace(stem.with_suffix(".json.tmp"), stem.with_suffix(".json"))
+        path = write_snapshot(self.pool, model, self.spaces, self.policy)
         self.snapshots_written += 1
-        return stem.with_suffix(".onnx")
+        prune(self.pool, self.keep)
+        return path
 
     def check_in(self) -> float | None:
         """The live policy's rating from the broker (None if none yet, or the broker cannot be asked). A

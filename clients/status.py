@@ -69,6 +69,8 @@ def render_frozen(status: dict[str, Any]) -> list[str]:
         )
         if f.get("error"):
             lines.append(f"  error: {f['error']}")
+    for pair, t in status.get("team_change", {}).items():
+        lines.append(f"team change {pair}: {t['learner']} learns, turn {t['turns']}, {t['steps']}/{t['every']} steps")
     ratings = status.get("elo", {})
     if ratings:
         lines.append("elo: " + ", ".join(f"{p} {r:.0f}" for p, r in sorted(ratings.items(), key=lambda x: -x[1])))

@@ -39,8 +39,8 @@ GROUPS: dict[str, str | None] = {
     HYPER_GROUP: "Not given: PPO uses the defaults shown, A2C/SAC/DQN use SB3's.\n"
     "A flag that does not apply to --algo is an error.",
     "files": None,
-    "self-play": "Train --policy against frozen snapshots of itself that the broker plays as --opponent "
-    "(docs/self_play.md; ML-Agents' names in brackets).",
+    "self-play": "Train --policy against frozen snapshots of itself that the broker plays as --opponent, or "
+    "take turns with the trainer of --team-change (docs/self_play.md; ML-Agents' names in brackets).",
     "output": None,
 }
 
@@ -177,6 +177,20 @@ class TrainOptions:
     swap_every: int = _flag(
         "self-play", 10_000, "opponent steps (the broker counts them) between swaps [swap_steps]", type=int
     )
+    keep: int = _flag(
+        "self-play",
+        0,
+        "keep at most this many snapshots, deleting the oldest (never the one playing); 0: all",
+        type=int,
+    )
+    team_change: str | None = _flag(
+        "self-play",
+        help="asymmetric games: the partner group, whose own trainer takes turns with this one; the idle team "
+        "is played from its latest snapshot in --pool-dir [team_change]",
+    )
+    team_change_every: int = _flag(
+        "self-play", 10_000, "with --team-change: idle-team steps (the broker counts them) per turn", type=int
+    )
     # output
     progress: str = _flag(
         "output",
@@ -275,6 +289,14 @@ class TrainOptions:
                 raise ValueError("--snapshot-every, --window and --swap-every must be positive")
             if not 0.0 <= self.play_latest <= 1.0:
                 raise ValueError("--play-latest must be within [0, 1]")
+            if self.keep and self.keep < self.window:
+                raise ValueError("--keep must be 0 (keep all) or at least --window")
+        if self.keep < 0:
+            raise ValueError("--keep must not be negative")
+        if self.team_change is not None:
+            from clients.team_change import check_options
+
+            check_options(self)
 
 
 OPTION_FIELDS = fields(TrainOptions)
@@ -526,18 +548,11 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
 
     from broker.log import configure_logging
     from clients.errors import BrokerError
-    from clients.vec_env import BrokerVecEnv
 
     configure_logging()
     torch.set_num_threads(options.threads)
     try:
-        broker_env = BrokerVecEnv(
-            options.policy,
-            options.broker,
-            token=options.token,
-            timeout_connect=options.connect_timeout,
-            stepping=options.step_options,
-        )
+        broker_env = connect(options)
     except KeyboardInterrupt:
         _fail(f"stopped by signal while joining the broker at {options.broker} as trainer of '{options.policy}'")
         return 130
@@ -599,11 +614,23 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
             options.play_latest,
             options.swap_every,
             options.seed,
+            options.keep,
         )
         try:
             self_play.start(model)
         except (BrokerError, OSError, ValueError) as exc:
             _fail(f"cannot start self-play against '{options.opponent}': {exc}")
+            env.close()
+            return 2
+    team_change = None
+    if options.team_change is not None:
+        from clients.team_change import TeamChange
+
+        team_change = TeamChange.of_options(options, broker_env.spaces)
+        try:
+            first_turn = team_change.start(model)
+        except (BrokerError, OSError, ValueError) as exc:
+            _fail(f"cannot take turns with '{options.team_change}': {exc}")
             env.close()
             return 2
     tracker = Tracker(
@@ -628,12 +655,17 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
 
                 callbacks.append(SelfPlayCallback(self_play, options.snapshot_every))
             assert options.total_timesteps is not None
-            model.learn(
-                total_timesteps=options.total_timesteps,
-                callback=callbacks,
-                tb_log_name=tb_name,
-                reset_num_timesteps=not options.resume_model_path,
-            )
+            if team_change is not None:
+                from clients.team_change import learn_options_in_turns
+
+                learn_options_in_turns(model, team_change, first_turn, options, callbacks, tb_name)
+            else:
+                model.learn(
+                    total_timesteps=options.total_timesteps,
+                    callback=callbacks,
+                    tb_log_name=tb_name,
+                    reset_num_timesteps=not options.resume_model_path,
+                )
     except KeyboardInterrupt:
         interrupted = True
     except BrokerError as exc:
@@ -654,6 +686,19 @@ def _run(options: TrainOptions, policy_type: Any) -> int:
         env.close()
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def connect(options: TrainOptions) -> Any:
+    """This trainer's session with the broker, as a VecEnv."""
+    from clients.vec_env import BrokerVecEnv
+
+    return BrokerVecEnv(
+        options.policy,
+        options.broker,
+        token=options.token,
+        timeout_connect=options.connect_timeout,
+        stepping=options.step_options,
+    )
 
 
 def _checkpoint_callback(options: TrainOptions, n_envs: int) -> Any:

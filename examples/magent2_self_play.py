@@ -6,10 +6,14 @@ which the broker plays as blue; then red is evaluated against a random team and 
    pool (docs/self_play.md); ``gdrl-broker status`` is read every ``--poll-s`` for the Elo curve;
 2. evaluation without the broker (examples/magent2_battle.py's episode loop): red's final model against a
    random blue, against snapshot 0 (the untrained policy) and against the pool's first trained snapshot;
-   snapshots play as the broker plays them (ONNX, argmax);
+   snapshots play as the broker plays them (ONNX, argmax); with ``--two-trainer DIR`` also against the
+   models of an examples/magent2_battle.py run (``--eval-only --two-trainer DIR`` adds just those rows);
 3. a markdown table on stdout, ``results.json`` and ``elo.png`` in ``--out``.
 
     python examples/magent2_self_play.py --out runs/magent2_self_play
+    python examples/magent2_self_play.py --out runs/magent2_self_play --eval-only --two-trainer runs/magent2_battle
+
+examples/magent2_snapshot_elo.py rates the pool's snapshots on one scale (a round-robin).
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--window", type=int, default=5)
     parser.add_argument("--play-latest", type=float, default=0.5)
     parser.add_argument("--poll-s", type=float, default=10.0, help="seconds between Elo readings")
+    parser.add_argument(
+        "--two-trainer",
+        default=None,
+        help="a folder of examples/magent2_battle.py (red.zip, blue.zip): self-play red also plays against that "
+        "run's blue, and its red against self-play red; with --eval-only only these rows are played and added "
+        "to --out/results.json",
+    )
     return parser
 
 
@@ -145,25 +156,41 @@ def plot(curve: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def evaluate(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+def matchups(args: argparse.Namespace, out: Path, rng: np.random.Generator, own: bool) -> list[tuple[Any, ...]]:
+    """(red kind, red policy, blue kind, blue policy): against random and early snapshots if ``own``, and
+    against the two-trainer run's models if ``--two-trainer`` is given."""
+    red = model_policy(out / "red.zip")
+    games = []
+    if own:
+        snapshots = sorted((out / "pool-red").glob("snapshot-*.onnx"))
+        opponents = [("random", random_policy(rng)), ("snapshot-000000 (untrained)", onnx_policy(snapshots[0]))]
+        if len(snapshots) > 1:
+            opponents.append((f"{snapshots[1].stem} (early)", onnx_policy(snapshots[1])))
+        for red_kind, red_policy in (("random", random_policy(rng)), ("trained", red)):
+            games += [(red_kind, red_policy, blue_kind, blue_policy) for blue_kind, blue_policy in opponents]
+    if args.two_trainer:
+        two = {team: model_policy(Path(args.two_trainer) / f"{team}.zip") for team in ("red", "blue")}
+        games += [
+            ("trained", red, "two-trainer blue", two["blue"]),
+            ("two-trainer red", two["red"], "two-trainer blue", two["blue"]),
+            ("two-trainer red", two["red"], "trained (self-play red as blue)", red),
+        ]
+    return games
+
+
+def evaluate(args: argparse.Namespace, out: Path, own: bool = True) -> list[dict[str, Any]]:
     from magent2.environments import battle_v4
 
     env = battle_v4.parallel_env(**battle_kwargs(args))
     rng = np.random.default_rng(args.seed + 1000)
-    red = model_policy(out / "red.zip")
-    snapshots = sorted((out / "pool-red").glob("snapshot-*.onnx"))
-    opponents = [("random", random_policy(rng)), ("snapshot-000000 (untrained)", onnx_policy(snapshots[0]))]
-    if len(snapshots) > 1:
-        opponents.append((f"{snapshots[1].stem} (early)", onnx_policy(snapshots[1])))
     rows = []
-    for red_kind, red_policy in (("random", random_policy(rng)), ("trained", red)):
-        for blue_kind, blue_policy in opponents:
-            episodes = [
-                play_episode(env, {"red": red_policy, "blue": blue_policy}, seed=10_000 + i)
-                for i in range(args.eval_episodes)
-            ]
-            rows.append(summarize(red_kind, blue_kind, episodes))
-            print(f"evaluated red {red_kind} vs blue {blue_kind}", file=sys.stderr, flush=True)
+    for red_kind, red_policy, blue_kind, blue_policy in matchups(args, out, rng, own):
+        episodes = [
+            play_episode(env, {"red": red_policy, "blue": blue_policy}, seed=10_000 + i)
+            for i in range(args.eval_episodes)
+        ]
+        rows.append(summarize(red_kind, blue_kind, episodes))
+        print(f"evaluated red {red_kind} vs blue {blue_kind}", file=sys.stderr, flush=True)
     env.close()
     return rows
 
@@ -181,7 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.eval_only:
         results["training"] = train(args, out)
         plot(results["training"]["curve"], out / "elo.png")
-    results["evaluation"] = evaluate(args, out)
+    if args.eval_only and args.two_trainer and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())  # the rows played before stay
+        added = evaluate(args, out, own=False)
+        keys = {(r["red"], r["blue"]) for r in added}
+        results["evaluation"] = [r for r in results["evaluation"] if (r["red"], r["blue"]) not in keys] + added
+        results["two_trainer"] = str(Path(args.two_trainer).resolve())
+    else:
+        results["evaluation"] = evaluate(args, out)
     (out / "results.json").write_text(json.dumps(results, indent=2))
     if "training" in results:
         pool = results["training"]["pool"]

@@ -146,6 +146,8 @@ def test_self_play_refuses_groups_whose_spaces_differ(tmp_path: Path) -> None:
         (["--opponent", "blue", "--play-latest", "1.5"], "--play-latest must be within [0, 1]"),
         (["--opponent", "blue", "--window", "0"], "must be positive"),
         (["--opponent", "blue", "--inference", "--resume-model-path", __file__], "does not go with --inference"),
+        (["--opponent", "blue", "--window", "5", "--keep", "3"], "--keep must be 0 (keep all) or at least --window"),
+        (["--keep", "-1"], "--keep must not be negative"),
     ],
 )
 def test_bad_self_play_flags_are_refused(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -155,3 +157,17 @@ def test_bad_self_play_flags_are_refused(argv: list[str], message: str, capsys: 
         main(["--policy", "mover", *argv])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_prune_keeps_the_newest_and_the_one_playing(tmp_path: Path) -> None:
+    from clients.self_play import prune, snapshot_indices
+
+    for i in range(6):
+        (tmp_path / f"snapshot-{i:06d}.onnx").write_bytes(b"model")
+        (tmp_path / f"snapshot-{i:06d}.json").write_text(json.dumps({"index": i, "steps": i * 100}))
+    (tmp_path / "pool.json").write_text(json.dumps({"opponent": "snapshot-000001"}))
+    assert prune(tmp_path, 0) == [] and len(snapshot_indices(tmp_path)) == 6  # 0: keep all
+    assert prune(tmp_path, 3) == ["snapshot-000000", "snapshot-000002", "snapshot-000003"]
+    assert snapshot_indices(tmp_path) == [1, 4, 5]  # the one the broker plays stays
+    assert sorted(p.name for p in tmp_path.glob("*.onnx")) == [f"snapshot-00000{i}.onnx" for i in (1, 4, 5)]
+    assert prune(tmp_path, 1) == ["snapshot-000004"] and snapshot_indices(tmp_path) == [1, 5]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,12 @@ class FrozenGroup:
     """One group answered by an ONNX model; the hub sees a trainer whose link is this object."""
 
     def __init__(
-        self, registry: FrozenGroups, group: str, model_path: str | None = None, pool: SnapshotPool | None = None
+        self,
+        registry: FrozenGroups,
+        group: str,
+        model_path: str | None = None,
+        pool: SnapshotPool | None = None,
+        rivals: tuple[str, ...] | None = None,
     ) -> None:
         self.registry = registry
         self.server = registry.server
@@ -89,6 +95,8 @@ class FrozenGroup:
         self.returns = np.zeros(0, np.float64)
         self._timer: asyncio.TimerHandle | None = None
         self._pool_dirty = False
+        self.rivals = rivals  # who it plays, if not the pool's learner (a --team-change partner)
+        self.on_answered: Callable[[], None] | None = None  # a team change counts the idle team's steps
 
     # --- Link, as the hub sees us ----------------------------------------------------------------
 
@@ -261,6 +269,8 @@ class FrozenGroup:
             self._pool_dirty = True
             if self.pool.steps_since_swap >= self.pool.settings.swap_every:
                 self._maybe_swap()
+        if self.on_answered is not None:
+            self.on_answered()
         if self.pending is not None and self.model is not None and not self.closed:
             pending, self.pending = self.pending, None
             self._infer(pending)
@@ -296,6 +306,8 @@ class FrozenGroup:
 
     def opponents(self) -> list[str]:
         """Who this group plays: the pool's learner, else every other policy of the games."""
+        if self.rivals is not None:
+            return list(self.rivals)
         if self.pool is not None:
             return [self.pool.settings.learner]
         return [p for p in self.server.hub.policies if p != self.group]
@@ -330,6 +342,9 @@ class FrozenGroups:
         self.groups: dict[str, FrozenGroup] = {}
         self.elo = EloTable()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        from broker.server.team_change import TeamChanges  # it builds on FrozenGroup
+
+        self.team_changes = TeamChanges(self)
 
     @property
     def executor(self) -> concurrent.futures.ThreadPoolExecutor:
@@ -418,7 +433,9 @@ class FrozenGroups:
                 raise ControlError(f"self_play: {exc}") from None
             frozen = self.self_play(group, settings)
             return {"frozen": {group: frozen.status()}}
-        raise ControlError(f"unknown control command {request.command!r} (freeze, unfreeze, self_play)")
+        if request.command == "team_change":
+            return await self.team_changes.control(args)
+        raise ControlError(f"unknown control command {request.command!r} (freeze, unfreeze, self_play, team_change)")
 
     def _check_same_spaces(self, group: str, learner: str) -> None:
         policies = self.server.hub.policies
@@ -431,6 +448,7 @@ class FrozenGroups:
                 )
 
     def shutdown(self) -> None:
+        self.team_changes.save()
         for group in list(self.groups):
             self.groups.pop(group).detach()
         if self._executor is not None:

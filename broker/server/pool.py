@@ -112,6 +112,7 @@ class SnapshotPool:
         self.swaps = 0
         self.elo = EloTable()
         self.rng = random.Random(settings.seed)
+        self.team_change: dict[str, Any] | None = None  # a --team-change rotation (broker/core/team_change.py)
         self.load_state()
 
     @property
@@ -132,6 +133,7 @@ class SnapshotPool:
             self.steps_since_swap = int(state.get("steps_since_swap", 0))
             self.swaps = int(state.get("swaps", 0))
             self.elo = EloTable.from_dict(state.get("elo", {}))
+            self.team_change = state.get("team_change")
             self.rng.seed(f"{self.settings.seed}:{self.swaps}")  # the rotation goes on, not over again
         except (ValueError, TypeError, AttributeError) as exc:
             raise ValueError(f"{self.state_path} is not a pool state file: {exc}") from None
@@ -145,6 +147,8 @@ class SnapshotPool:
             "swaps": self.swaps,
             "elo": self.elo.to_dict(),
         }
+        if self.team_change is not None:
+            state["team_change"] = self.team_change
         tmp = self.state_path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(state, indent=1), encoding="utf-8")
         os.replace(tmp, self.state_path)  # readers never see a half-written file

@@ -167,6 +167,7 @@ class BrokerServer:
             **self.hub.snapshot(),
             "frozen": self.frozen.status(),
             "elo": self.frozen.elo.to_dict()["ratings"],
+            "team_change": self.frozen.team_changes.status(),
         }
 
     async def shutdown(self, reason: str = "broker shutting down") -> None:

@@ -207,6 +207,20 @@ def messages() -> list[tuple[str, str, Message]]:
         ("act_from_sampler", "sampler->broker", TrainerAct(3, {"dir": np.array([2], np.int32)}, "platform")),
         ("error_no_free_game", "broker->sampler", Error("no_free_game", "claim of 2 games: 1 free")),
         ("control", "control->broker", Control("freeze", {"group": "blue", "path": "/models/blue.onnx"})),
+        (
+            "control_team_change",
+            "control->broker",
+            Control(
+                "team_change",
+                {
+                    "team": "player",
+                    "partner": "platform",
+                    "pool": "/runs/pool-player",
+                    "every": 2000,
+                    "detached": False,
+                },
+            ),
+        ),
     ]
 
 

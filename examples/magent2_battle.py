@@ -84,7 +84,7 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 
 def _train_flags(args: argparse.Namespace) -> list[str]:
-    from clients.train import build_parser as train_parser
+    from clients.train_options import build_parser as train_parser
 
     known = train_parser()._option_string_actions
     flags = [

@@ -152,7 +152,7 @@ def _parser_default(build: Any, dest: str) -> Any:
 def test_every_default_address_is_the_protocols() -> None:
     from broker.server.config import ServerConfig
     from broker.server.launcher import LaunchSpec
-    from clients import sim_game, train
+    from clients import sim_game, train_options
     from clients.plugin_emulator import EmulatorConfig
     from clients.transport import Address
 
@@ -163,7 +163,7 @@ def test_every_default_address_is_the_protocols() -> None:
     assert (EmulatorConfig().host, EmulatorConfig().port) == (DEFAULT_HOST, DEFAULT_PORT)
     assert _parser_default(sim_game.add_arguments, "address") == DEFAULT_ADDRESS
     assert pettingzoo_game.build_parser().get_default("address") == DEFAULT_ADDRESS
-    assert train.build_parser().get_default("broker") == DEFAULT_ADDRESS
+    assert train_options.build_parser().get_default("broker") == DEFAULT_ADDRESS
 
 
 def test_no_code_spells_the_default_port_but_the_protocol() -> None:
@@ -208,7 +208,7 @@ def test_serve_help_tells_the_deadline_and_metrics_binding_truthfully(capsys: py
 def test_gdrl_train_flags_are_the_fields_of_train_options() -> None:
     from dataclasses import fields
 
-    from clients.train import TrainOptions, build_parser, resolve_options
+    from clients.train_options import TrainOptions, build_parser, resolve_options
 
     parser = build_parser()
     dests = {action.dest for action in parser._actions if action.dest != "help"}

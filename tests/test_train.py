@@ -19,7 +19,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from clients.train import build_parser, main, parse_net_arch, saved_algorithm
+from clients.train import main
+from clients.train_options import build_parser, parse_net_arch, saved_algorithm
 from tests.helpers import broker_process, python_env, spawn_python
 
 TRAIN = [sys.executable, "-m", "clients.train"]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
 from stable_baselines3.common.callbacks import BaseCallback
 
 from broker.protocol.errors import ErrorCode
@@ -26,6 +27,8 @@ from broker.protocol.spaces import PolicySpaces
 from clients.errors import BrokerError
 from clients.self_play import prune, snapshot_indices, write_snapshot
 from clients.status import send_control
+
+log = structlog.get_logger("gdrl.team_change")
 
 POLL_S = 0.5  # seconds between asks while waiting for the turn
 ASK_TIMEOUT_S = 5.0  # a poll during learning gives up this soon if the broker is away (it is asked again)
@@ -76,10 +79,22 @@ class TeamChange:
         self.snapshot_steps: int | None = None  # the model's steps when its newest snapshot was written
         self.keep = 0  # snapshots kept in the pool (0: all)
 
-    def ask(self, detached: bool = False, timeout: float = 30.0) -> Turn:
-        """Whose turn it is (BrokerError ``bad_control`` with the broker's reason if the request is refused)."""
+    def ask(self, detached: bool = False, timeout: float = 30.0, finished: bool = False) -> Turn:
+        """Whose turn it is (BrokerError ``bad_control`` with the broker's reason if the request is refused).
+        ``finished``: this trainer stops for good, so its turn goes to the partner now."""
         args = {"team": self.team, "partner": self.partner, "pool": str(self.pool), "every": self.every}
-        return Turn.of(send_control(self.address, "team_change", {**args, "detached": detached}, self.token, timeout))
+        args |= {"detached": detached, "finished": finished}
+        return Turn.of(send_control(self.address, "team_change", args, self.token, timeout))
+
+    def finish(self, model: Any) -> None:
+        """The target is reached: the newest snapshot, then the turn handed to the partner (which would
+        otherwise wait for this team until a trainer of it came back). Best effort: the broker may be gone."""
+        self.snapshot(model)
+        model.get_env().close()
+        try:
+            self.ask(detached=True, finished=True)
+        except (BrokerError, OSError) as exc:
+            log.warning("could not hand the turn over", team=self.team, partner=self.partner, error=str(exc))
 
     def start(self, model: Any) -> Turn:
         """A snapshot of this model if the pool's newest is not of it, then the broker asked."""
@@ -152,8 +167,8 @@ def learn_in_turns(
     broker's first answer, from ``TeamChange.start``).
 
     ``connect()`` gives a new env for a returning turn; ``learn(steps, callback, first)`` runs
-    ``model.learn``. Stopping (the target reached, or Ctrl-C) hands nothing over: a restarted trainer
-    continues the turn."""
+    ``model.learn``. Reaching the target mid-turn hands the turn to the partner; Ctrl-C hands nothing over:
+    a restarted trainer continues the turn."""
     attached, first, opened = True, True, []
     try:
         while model.num_timesteps < target:
@@ -166,6 +181,7 @@ def learn_in_turns(
                 learn(target - model.num_timesteps, callback, first)
                 first = False
                 if not callback.over:
+                    change.finish(model)
                     return
             change.snapshot(model)
             if attached:

@@ -247,3 +247,39 @@ def test_team_change_refusals_reach_the_asker_only(tmp_path: Path) -> None:
         status = fetch_status(address)
         assert status["team_change"]["mover & picker"]["turns"] == 0
         assert "team change mover & picker: mover learns, turn 0, 0/100 steps" in render_table(status)
+
+
+def test_a_trainer_that_reaches_its_timesteps_mid_turn_hands_the_turn_to_its_partner(tmp_path: Path) -> None:
+    def start(team: str, partner: str, *extra: str) -> subprocess.Popen[bytes]:
+        flags = ["--policy", team, "--team-change", partner, "--team-change-every", str(EVERY)]
+        flags += ["--pool-dir", str(tmp_path / f"pool-{team}"), *TRAIN_FLAGS, *extra]  # a later flag wins
+        with open(tmp_path / f"{team}.log", "wb") as log:
+            command = [sys.executable, "-m", "clients.train", "--broker", address, *flags]
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=python_env(), cwd=tmp_path)
+
+    with broker_process(tmp_path, "--stepping", "barrier") as (_, address), game(address):
+        # mover asks first, so it learns first; 96 agent steps are 48 ticks of its 2 agents, inside its turn
+        # of EVERY idle-team steps
+        mover = start("mover", "picker", "--timesteps", "96")
+        picker = None
+        try:
+            watch(address, lambda s: s[-1]["rotation"]["learner"] == "mover")
+            picker = start("picker", "mover")
+            assert mover.wait(timeout=180) == 0, (tmp_path / "mover.log").read_text()
+            handed = watch(
+                address,
+                lambda s: (
+                    s[-1]["rotation"]["learner"] == "picker"
+                    and s[-1]["trainers"]["picker"] is not None
+                    and "frozen" not in s[-1]["trainers"]["picker"]
+                ),
+            )
+            rotation = handed[-1]["rotation"]
+            assert rotation["turns"] == 1 and rotation["frozen"] == ["mover"], rotation
+            assert handed[-1]["trainers"]["mover"] == "frozen[mover]"
+            assert picker.poll() is None, "the partner must be learning, not gone"
+        finally:
+            for proc in (mover, picker):
+                if proc is not None and proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=60)

@@ -145,7 +145,7 @@ class TeamChanges:
     async def control(self, args: dict[str, Any]) -> dict[str, Any]:
         """One trainer's ``team_change`` request: join (or check) the rotation, hand over if it stepped
         aside, keep the idle team frozen, and say whose turn it is."""
-        team, partner, pool_dir, every, detached = _request(args)
+        team, partner, pool_dir, every, detached, finished = _request(args)
         self._check_groups(team, partner)
         change = self._change(team, partner, every)
         try:
@@ -157,8 +157,8 @@ class TeamChanges:
             raise
         if detached:
             await self._wait_detached(team)
-            if change.rotation.learner == team and change.rotation.turn_over:
-                change.hand_over()  # the learner stepped aside at the end of its turn
+            if change.rotation.learner == team and (change.rotation.turn_over or finished):
+                change.hand_over()  # the learner stepped aside at the end of its turn, or for good
         change.settle()
         return {"team_change": change.status(team)}
 
@@ -205,7 +205,7 @@ class TeamChanges:
         return {" & ".join(c.rotation.teams): c.status() for c in dict.fromkeys(self.by_team.values())}
 
 
-def _request(args: dict[str, Any]) -> tuple[str, str, str, int, bool]:
+def _request(args: dict[str, Any]) -> tuple[str, str, str, int, bool, bool]:
     values = []
     for key in ("team", "partner", "pool"):
         value = args.get(key)
@@ -215,9 +215,13 @@ def _request(args: dict[str, Any]) -> tuple[str, str, str, int, bool]:
     every, detached = args.get("every"), args.get("detached", False)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ControlError(f"team_change needs 'every' (a positive integer), got {every!r}")
-    if not isinstance(detached, bool):
-        raise ControlError(f"team_change: 'detached' must be true or false, got {detached!r}")
-    return values[0], values[1], values[2], every, detached
+    finished = args.get("finished", False)  # the trainer stops for good: the partner need not wait out the turn
+    for key, flag in (("detached", detached), ("finished", finished)):
+        if not isinstance(flag, bool):
+            raise ControlError(f"team_change: '{key}' must be true or false, got {flag!r}")
+    if finished and not detached:
+        raise ControlError("team_change: 'finished' needs 'detached' (close the trainer session first)")
+    return values[0], values[1], values[2], every, detached, finished
 
 
 def _check_pool_spaces(pool: SnapshotPool, spaces: PolicySpaces, team: str) -> None:

@@ -76,10 +76,11 @@ def test_self_play_snapshots_swaps_and_elo_survive_a_broker_restart(tmp_path: Pa
                 "--save-model-path", str(model), "--tensorboard-log", str(tmp_path / "tb"),
             )  # fmt: skip
             assert done.returncode == 0, done.stderr[-3000:]
-            status = fetch_status(address)
         finally:
             game.terminate()
             game.wait(timeout=20)
+        # After the game is gone: until then its frozen blue plays on against held red, and Elo moves.
+        status = fetch_status(address)
     blue = status["frozen"]["blue"]
     assert live_elo_logged(tmp_path / "tb"), "the live policy's Elo is not in TensorBoard"
     metrics = prometheus_text(status)

@@ -55,6 +55,20 @@ def test_rotation_turns_over_after_every_idle_step_and_hands_over() -> None:
     assert Rotation.from_dict(json.loads(json.dumps(r.to_dict()))) == r
 
 
+def test_a_finished_learner_hands_over_for_good_until_a_trainer_of_its_team_returns() -> None:
+    rotation = Rotation(TEAMS, 3, "mover").counted(1).handed_over(finished=True)
+    assert (rotation.learner, rotation.finished, rotation.turns) == ("picker", ("mover",), 1)
+    rotation = rotation.counted(10)
+    assert not rotation.turn_over  # the idle team has nobody to learn it: picker learns on
+    assert Rotation.from_dict(rotation.to_dict()) == rotation
+    old = {k: v for k, v in rotation.to_dict().items() if k != "finished"}  # saved before 'finished' existed
+    assert Rotation.from_dict(old).finished == ()
+    back = rotation.resumed("mover")
+    assert back.finished == () and back.turn_over
+    with pytest.raises(ValueError, match="finished teams"):
+        Rotation(TEAMS, 3, "mover", finished=("runner",))
+
+
 def test_rotation_starts_from_the_most_advanced_saved_state_of_its_pair() -> None:
     fresh = start("picker", "mover", 50, [])
     assert fresh.learner == "picker" and fresh.turns == 0  # the first to ask learns first
@@ -266,17 +280,14 @@ def test_a_trainer_that_reaches_its_timesteps_mid_turn_hands_the_turn_to_its_par
             watch(address, lambda s: s[-1]["rotation"]["learner"] == "mover")
             picker = start("picker", "mover")
             assert mover.wait(timeout=180) == 0, (tmp_path / "mover.log").read_text()
-            handed = watch(
-                address,
-                lambda s: (
-                    s[-1]["rotation"]["learner"] == "picker"
-                    and s[-1]["trainers"]["picker"] is not None
-                    and "frozen" not in s[-1]["trainers"]["picker"]
-                ),
-            )
+            # picker learns on past a whole turn: nobody is left to take the next one
+            handed = watch(address, lambda s: s[-1]["rotation"]["steps"] >= EVERY + 10)
             rotation = handed[-1]["rotation"]
-            assert rotation["turns"] == 1 and rotation["frozen"] == ["mover"], rotation
+            assert rotation["learner"] == "picker" and rotation["turns"] == 1, rotation
+            assert rotation["finished"] == ["mover"] and rotation["frozen"] == ["mover"], rotation
             assert handed[-1]["trainers"]["mover"] == "frozen[mover]"
+            picker_trainer = handed[-1]["trainers"]["picker"]
+            assert picker_trainer is not None and "frozen" not in picker_trainer, handed[-1]
             assert picker.poll() is None, "the partner must be learning, not gone"
         finally:
             for proc in (mover, picker):

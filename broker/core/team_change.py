@@ -21,6 +21,7 @@ class Rotation:
     learner: str
     steps: int = 0  # idle-team steps played in this turn
     turns: int = 0  # hand-overs so far
+    finished: tuple[str, ...] = ()  # teams whose trainer stopped for good: the partner learns on, no turns
 
     def __post_init__(self) -> None:
         if len(self.teams) != 2 or self.teams[0] == self.teams[1] or not all(self.teams):
@@ -31,6 +32,8 @@ class Rotation:
             raise ValueError("the team-change period must be at least 1")
         if self.steps < 0 or self.turns < 0:
             raise ValueError("steps and turns must not be negative")
+        if not set(self.finished) <= set(self.teams):
+            raise ValueError(f"finished teams {list(self.finished)} are not of {list(self.teams)}")
 
     @property
     def idle(self) -> str:
@@ -39,7 +42,8 @@ class Rotation:
 
     @property
     def turn_over(self) -> bool:
-        return self.steps >= self.every
+        """The learner's turn is up; never while the idle team's trainer has finished."""
+        return self.steps >= self.every and self.idle not in self.finished
 
     @property
     def progress(self) -> tuple[int, int]:
@@ -49,9 +53,15 @@ class Rotation:
         """The idle team was played ``steps`` more steps."""
         return replace(self, steps=self.steps + steps)
 
-    def handed_over(self) -> Rotation:
-        """The learner stepped aside: the idle team learns now, from step 0 of a new turn."""
-        return replace(self, learner=self.idle, steps=0, turns=self.turns + 1)
+    def handed_over(self, finished: bool = False) -> Rotation:
+        """The learner stepped aside (``finished``: for good): the idle team learns now, from step 0 of a
+        new turn."""
+        done = (*self.finished, self.learner) if finished and self.learner not in self.finished else self.finished
+        return replace(self, learner=self.idle, steps=0, turns=self.turns + 1, finished=done)
+
+    def resumed(self, team: str) -> Rotation:
+        """A trainer of a finished team is back: turns go on."""
+        return replace(self, finished=tuple(t for t in self.finished if t != team))
 
     def pairs(self, team: str, partner: str) -> bool:
         return set(self.teams) == {team, partner}
@@ -63,6 +73,7 @@ class Rotation:
             "learner": self.learner,
             "steps": self.steps,
             "turns": self.turns,
+            "finished": list(self.finished),
         }
 
     @classmethod
@@ -76,6 +87,7 @@ class Rotation:
                 str(obj["learner"]),
                 int(obj["steps"]),
                 int(obj["turns"]),
+                tuple(str(t) for t in obj.get("finished", ())),  # absent in states saved before it existed
             )
         except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"not a team-change state: {type(exc).__name__}: {exc}") from None

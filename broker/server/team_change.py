@@ -82,14 +82,21 @@ class TeamChange:
             log.info("team change continued", pool=str(pool.directory), **self.rotation.to_dict())
         self.save()
 
-    def hand_over(self) -> None:
-        """The learner's trainer has left: freeze its team, free the other for its trainer, count a turn."""
+    def hand_over(self, finished: bool = False) -> None:
+        """The learner's trainer has left (``finished``: for good): freeze its team, free the other for its
+        trainer, count a turn."""
         old = self.rotation
         self.freeze(old.learner)
-        self.rotation = old.handed_over()
+        self.rotation = old.handed_over(finished)
         if old.idle in self.groups.groups:
             self.groups.unfreeze(old.idle)
         log.info("team change", learner=self.rotation.learner, frozen=old.learner, turns=self.rotation.turns)
+        self.save()
+
+    def resume(self, team: str) -> None:
+        """A trainer of a finished team asks again: the turns go on from here."""
+        self.rotation = self.rotation.resumed(team)
+        log.info("team change resumed", team=team, learner=self.rotation.learner)
         self.save()
 
     def settle(self) -> None:
@@ -158,7 +165,9 @@ class TeamChanges:
         if detached:
             await self._wait_detached(team)
             if change.rotation.learner == team and (change.rotation.turn_over or finished):
-                change.hand_over()  # the learner stepped aside at the end of its turn, or for good
+                change.hand_over(finished)  # the learner stepped aside at the end of its turn, or for good
+        elif team in change.rotation.finished:
+            change.resume(team)
         change.settle()
         return {"team_change": change.status(team)}
 

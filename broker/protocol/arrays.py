@@ -80,4 +80,4 @@ def decode_array(obj: Any, what: str) -> np.ndarray:
         raise RemoteProtocolError(
             ErrorCode.MALFORMED, f"{what}: shape {shape} of {name} needs {expected} bytes, got {len(data)}"
         )
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    return np.ndarray(shape, dtype, data)  # a view of data, as frombuffer + reshape, in one call

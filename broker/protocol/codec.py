@@ -15,11 +15,12 @@ from __future__ import annotations
 import struct
 import threading
 from enum import Enum
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgpack
 import msgspec
 
+from broker.protocol.arrays import MAX_NDIM
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, encode_frame
 from broker.protocol.json_body import pack_json, unpack_json
@@ -148,66 +149,71 @@ def _unpack_checked(body: bytes | memoryview) -> dict[str, Any]:
 # so every check and error text stays with the message table.
 
 
-class _ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
-    dtype: str
-    shape: list[int]
+WireDtype = Literal[
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32", "float64"
+]  # arrays.DTYPES' names (tests/test_hot.py checks they agree)
+
+
+class ArrayWire(msgspec.Struct, forbid_unknown_fields=True):
+    dtype: WireDtype
+    shape: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=MAX_NDIM)]
     data: memoryview
 
 
-class _FinalWire(msgspec.Struct, forbid_unknown_fields=True):
-    index: _ArrayWire
-    obs: dict[str, _ArrayWire]
+class FinalWire(msgspec.Struct, forbid_unknown_fields=True):
+    index: ArrayWire
+    obs: dict[str, ArrayWire]
 
 
-class _StepDataWire(msgspec.Struct, forbid_unknown_fields=True):
-    obs: dict[str, _ArrayWire]
-    reward: _ArrayWire
-    terminated: _ArrayWire
-    truncated: _ArrayWire
-    final: _FinalWire | None = None
+class StepDataWire(msgspec.Struct, forbid_unknown_fields=True):
+    obs: dict[str, ArrayWire]
+    reward: ArrayWire
+    terminated: ArrayWire
+    truncated: ArrayWire
+    final: FinalWire | None = None
     infos: Any = msgspec.UNSET
-    frames: _ArrayWire | msgspec.UnsetType = msgspec.UNSET
+    frames: ArrayWire | msgspec.UnsetType = msgspec.UNSET
 
 
-class _StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fields=True):
+class StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fields=True):
     tick: int
-    groups: dict[str, _StepDataWire]
+    groups: dict[str, StepDataWire]
 
 
-class _BatchWire(_StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
+class BatchWire(StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
     step: int | msgspec.UnsetType = msgspec.UNSET  # only a default may follow the fields with defaults
     policy: str | msgspec.UnsetType = msgspec.UNSET  # a sampler's batch
 
 
-class _ActWire(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
+class ActWire(msgspec.Struct, tag_field="type", tag="act", forbid_unknown_fields=True):
     step: int
-    actions: dict[str, _ArrayWire]
+    actions: dict[str, ArrayWire]
     policy: str | msgspec.UnsetType = msgspec.UNSET  # a sampler's act
 
 
-class _ActionsWire(msgspec.Struct, tag_field="type", tag="actions", forbid_unknown_fields=True):
+class ActionsWire(msgspec.Struct, tag_field="type", tag="actions", forbid_unknown_fields=True):
     tick: int
-    groups: dict[str, dict[str, _ArrayWire]]
+    groups: dict[str, dict[str, ArrayWire]]
 
 
 def _ext(code: int, data: memoryview) -> msgpack.ExtType:
     return msgpack.ExtType(code, bytes(data))  # the type msgpack-python gives, so texts naming it agree
 
 
-_HOT_DECODER: Final = msgspec.msgpack.Decoder(_StepWire | _BatchWire | _ActWire | _ActionsWire, ext_hook=_ext)
+HOT_DECODER: Final = msgspec.msgpack.Decoder(StepWire | BatchWire | ActWire | ActionsWire, ext_hook=_ext)
 # How this package's encoders begin these messages (a map, then "type" first); other bodies go the general way.
-_HOT_PREFIXES: Final = tuple(b"\xa4type" + msgpack.packb(name) for name in ("step", "batch", "act", "actions"))
+HOT_PREFIXES: Final = tuple(b"\xa4type" + msgpack.packb(name) for name in ("step", "batch", "act", "actions"))
 
 
-def _array_map(a: _ArrayWire) -> dict[str, Any]:
+def _array_map(a: ArrayWire) -> dict[str, Any]:
     return {"dtype": a.dtype, "shape": a.shape, "data": a.data}
 
 
-def _arrays_map(arrays: dict[str, _ArrayWire]) -> dict[str, Any]:
+def _arrays_map(arrays: dict[str, ArrayWire]) -> dict[str, Any]:
     return {k: {"dtype": a.dtype, "shape": a.shape, "data": a.data} for k, a in arrays.items()}
 
 
-def _step_data_map(s: _StepDataWire, into: dict[str, Any]) -> dict[str, Any]:
+def _step_data_map(s: StepDataWire, into: dict[str, Any]) -> dict[str, Any]:
     into["obs"] = _arrays_map(s.obs)
     into["reward"] = _array_map(s.reward)
     into["terminated"] = _array_map(s.terminated)
@@ -222,16 +228,16 @@ def _step_data_map(s: _StepDataWire, into: dict[str, Any]) -> dict[str, Any]:
 
 
 def _hot_map(wire: Any) -> dict[str, Any]:
-    if isinstance(wire, _StepWire):
+    if isinstance(wire, StepWire):
         return {"type": "step", "tick": wire.tick, "groups": {k: _step_data_map(v, {}) for k, v in wire.groups.items()}}
-    if isinstance(wire, _BatchWire):
+    if isinstance(wire, BatchWire):
         head: dict[str, Any] = {"type": "batch"}
         if not isinstance(wire.step, msgspec.UnsetType):
             head["step"] = wire.step
         if not isinstance(wire.policy, msgspec.UnsetType):
             head["policy"] = wire.policy
         return _step_data_map(wire, head)
-    if isinstance(wire, _ActWire):
+    if isinstance(wire, ActWire):
         act = {"type": "act", "step": wire.step, "actions": _arrays_map(wire.actions)}
         if not isinstance(wire.policy, msgspec.UnsetType):
             act["policy"] = wire.policy
@@ -248,12 +254,12 @@ def unpack_viewing_arrays(body: bytes | memoryview) -> dict[str, Any]:
     """``unpack``, but the arrays of a well-formed step, act, actions or batch of at least VIEW_MIN_BYTES
     keep their data as views of ``body`` instead of copies (the map is otherwise the same). The body must
     then stay unchanged for as long as those views live: frame bodies are never reused (``FrameDecoder``)."""
-    if len(body) < VIEW_MIN_BYTES or not bytes(body[1:14]).startswith(_HOT_PREFIXES):
+    if len(body) < VIEW_MIN_BYTES or not bytes(body[1:14]).startswith(HOT_PREFIXES):
         return unpack(body)
     if len(body) > MAX_FRAME_ELEMENTS:
         check_msgpack_bounds(body)
     try:
-        return _hot_map(_HOT_DECODER.decode(body))
+        return _hot_map(HOT_DECODER.decode(body))
     except Exception:  # any refusal (msgspec raises several types): the general way says what is wrong
         return _unpack_checked(body)
 

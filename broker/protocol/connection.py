@@ -27,7 +27,8 @@ from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from broker.protocol.gather import Buffer, frame_buffers
+from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers
+from broker.protocol.hot import decode_hot, encode_hot_frame
 from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     Batch,
@@ -175,6 +176,26 @@ _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
 }
 
 
+def _decode_message(kind: BodyKind, body: bytes | memoryview) -> Message:
+    """A body as its message: the per-step messages straight from their typed decode, the rest (and any
+    of those the fast way leaves) through the maps and the message table."""
+    if kind is BodyKind.MSGPACK:
+        message = decode_hot(body)
+        if message is not None:
+            return message
+    return message_from_wire(decode_body(kind, body))
+
+
+def _encode_message(kind: BodyKind, message: Message) -> bytes:
+    """A message's frame: the small per-step messages straight from their parts, the rest through
+    ``to_wire`` and the reused packer (whose buffer a large frame needs: see ``encode_message_frame``)."""
+    if kind is BodyKind.MSGPACK and array_bytes(message) < GATHER_MIN_BYTES:
+        frame = encode_hot_frame(message)
+        if frame is not None:
+            return frame
+    return encode_message_frame(kind, message.to_wire())
+
+
 class BrokerConnection:
     """The broker's end of one accepted connection."""
 
@@ -226,7 +247,7 @@ class BrokerConnection:
             return LegacyMessage(unpack_json(body))
         if kind is BodyKind.JSON or (self.state is not State.AWAIT_HELLO and kind is not self.codec):
             raise RemoteProtocolError(ErrorCode.MALFORMED, f"a {self.codec.value} peer sent a {kind.value} frame")
-        message = message_from_wire(decode_body(kind, body))
+        message = _decode_message(kind, body)
         if not isinstance(message, _ALLOWED[self.state]):
             raise RemoteProtocolError(
                 ErrorCode.UNEXPECTED_MESSAGE,
@@ -247,7 +268,7 @@ class BrokerConnection:
     def send(self, message: Message) -> bytes:
         if self.state is State.LEGACY:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")
-        return encode_message_frame(self.codec, message.to_wire())
+        return _encode_message(self.codec, message)
 
     def send_buffers(self, message: Message) -> list[Buffer]:
         if self.state is State.LEGACY:
@@ -307,7 +328,7 @@ class PeerConnection:
             kind = body_kind(body)
             if kind is not self.codec:
                 raise RemoteProtocolError(ErrorCode.MALFORMED, f"expected {self.codec.value} bodies, got {kind.value}")
-            message = message_from_wire(decode_body(kind, body))
+            message = _decode_message(kind, body)
             if self.state is State.AWAIT_WELCOME:
                 if isinstance(message, Welcome):
                     self.state = State.READY
@@ -344,4 +365,4 @@ class PeerConnection:
             self.state = State.AWAIT_WELCOME
 
     def send(self, message: Message) -> bytes:
-        return encode_message_frame(self.codec, message.to_wire())
+        return _encode_message(self.codec, message)

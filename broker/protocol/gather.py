@@ -16,6 +16,7 @@ import msgpack
 
 from broker.protocol.codec import BodyKind, encode_message_frame
 from broker.protocol.framing import HEADER
+from broker.protocol.hot import encode_hot_frame
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, TrainerAct
 
 # A bin value at least this large is sent from its own memory; below it copying is cheaper than a buffer
@@ -58,8 +59,11 @@ def frame_buffers(kind: BodyKind, message: Message, writable_too: bool = False) 
     hold memory its owner may still change. A blocking ``sendmsg`` loop, which returns only once all is
     sent, may pass ``writable_too``.
     """
-    if kind is not BodyKind.MSGPACK or array_bytes(message) < GATHER_MIN_BYTES:
+    if kind is not BodyKind.MSGPACK:
         return [encode_message_frame(kind, message.to_wire())]
+    if array_bytes(message) < GATHER_MIN_BYTES:
+        frame = encode_hot_frame(message)
+        return [frame if frame is not None else encode_message_frame(kind, message.to_wire())]
     return wire_buffers(message.to_wire(), writable_too=writable_too)
 
 

@@ -1,0 +1,274 @@
+"""The per-step messages (step, batch, act, actions) decoded straight into message objects.
+
+The general way decodes a body into maps (msgpack), then walks the maps into typed messages
+(``message_from_wire``), checking each field. For the four messages every step carries, msgspec's typed
+decoder (``codec.HOT_DECODER``) already parses the body into structs with the right types, in C, with the
+arrays' data as views of the body; this module turns those structs into the messages with only the checks
+the types leave: dtype names, shapes against data lengths, row counts, limits, finiteness.
+
+It accepts a subset of what the general way accepts and builds the same message from it. Anything else
+(infos, an unknown key, a bad value, ...) returns None and goes the general way, so every refusal and its
+text stay with the message table (``tests/test_hot.py`` checks both ways agree).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+import numpy as np
+
+from broker.protocol.arrays import DTYPES, encode_array
+from broker.protocol.codec import (
+    HOT_DECODER,
+    HOT_PREFIXES,
+    ActionsWire,
+    ActWire,
+    ArrayWire,
+    BatchWire,
+    StepDataWire,
+    StepWire,
+)
+from broker.protocol.fields import MAX_ARRAY_KEYS, MAX_TEXT
+from broker.protocol.framing import HEADER
+from broker.protocol.limits import INT_MAX, MAX_FRAME_ELEMENTS, MAX_GROUPS
+from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
+
+_BOOL: Final = np.dtype("?")
+_INT32: Final = np.dtype("<i4")
+_FLOAT32: Final = np.dtype("<f4")
+_UNSET: Final = msgspec.UNSET
+
+
+class _Refused(Exception):
+    """Not for this path: the general way decodes the body again and says what is wrong, if anything."""
+
+
+def decode_hot(body: bytes | memoryview) -> Message | None:
+    """A step, batch, act or actions message from a msgpack body, or None when the body is none of those
+    as this package writes them, or needs a check only the general way makes."""
+    if len(body) > MAX_FRAME_ELEMENTS or not bytes(body[1:14]).startswith(HOT_PREFIXES):
+        return None  # a large body has its bounds checked first, on the general way
+    try:
+        wire = HOT_DECODER.decode(body)
+        if type(wire) is StepWire:
+            return _step(wire)
+        if type(wire) is BatchWire:
+            return _batch(wire)
+        if type(wire) is ActWire:
+            return _act(wire)
+        return _actions(wire)
+    except Exception:  # _Refused, msgspec's refusals, numpy's for a shape it cannot make: the general way says
+        return None
+
+
+def _counter(value: int) -> int:
+    if not 0 <= value <= INT_MAX:
+        raise _Refused
+    return value
+
+
+def _text(value: str) -> str:
+    if len(value) > MAX_TEXT:
+        raise _Refused
+    return value
+
+
+def _array(wire: ArrayWire) -> np.ndarray:
+    """The typed decode checked the dtype's name, the shape's length and its sizes; the data must fill it."""
+    data = wire.data
+    array = np.ndarray(wire.shape, DTYPES[wire.dtype], data)  # a view of data (frombuffer + reshape in one call)
+    if array.nbytes != len(data):  # ndarray takes a longer buffer than it needs
+        raise _Refused
+    return array
+
+
+def _arrays(wires: dict[str, ArrayWire]) -> dict[str, np.ndarray]:
+    if len(wires) > MAX_ARRAY_KEYS:
+        raise _Refused
+    return {key: _array(wire) for key, wire in wires.items()}
+
+
+def _finite(array: np.ndarray) -> None:
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        raise _Refused
+
+
+def _rows(arrays: dict[str, np.ndarray], n: int) -> None:
+    for array in arrays.values():
+        if array.ndim < 1 or array.shape[0] != n:
+            raise _Refused
+
+
+def _step_data(wire: StepDataWire) -> StepData:
+    """StepData.from_wire's checks, on the typed parts."""
+    if wire.infos is not _UNSET:
+        raise _Refused  # free-form infos: the general way checks them
+    reward, terminated, truncated = _array(wire.reward), _array(wire.terminated), _array(wire.truncated)
+    if reward.ndim != 1 or reward.dtype != _FLOAT32:
+        raise _Refused
+    _finite(reward)
+    rows = reward.shape
+    n = rows[0]
+    if terminated.shape != rows or terminated.dtype != _BOOL or truncated.shape != rows or truncated.dtype != _BOOL:
+        raise _Refused
+    obs = _arrays(wire.obs)
+    _rows(obs, n)
+    final_index = final_obs = None
+    final = wire.final
+    if final is not None:
+        final_index = _array(final.index)
+        if final_index.ndim != 1 or final_index.dtype != _INT32:
+            raise _Refused
+        if len(final_index) and (final_index.min() < 0 or final_index.max() >= n):
+            raise _Refused
+        final_obs = _arrays(final.obs)
+        _rows(final_obs, len(final_index))
+    frames = None
+    if wire.frames is not _UNSET:
+        frames = _array(wire.frames)  # type: ignore[arg-type]
+        if frames.shape != rows or frames.dtype != _INT32:
+            raise _Refused
+    return StepData.unchecked(obs, reward, terminated, truncated, final_index, final_obs, None, frames)
+
+
+def _step(wire: StepWire) -> GameStep:
+    groups = wire.groups
+    if not 1 <= len(groups) <= MAX_GROUPS:
+        raise _Refused
+    step: GameStep = GameStep.unchecked(_counter(wire.tick), {k: _step_data(v) for k, v in groups.items()})
+    return step
+
+
+def _batch(wire: BatchWire) -> Batch:
+    if wire.step is _UNSET:
+        raise _Refused
+    policy: Any = wire.policy
+    batch: Batch = Batch.unchecked(
+        _counter(wire.step),
+        _step_data(wire),
+        "" if policy is _UNSET else _text(policy),
+    )
+    return batch
+
+
+def _act(wire: ActWire) -> TrainerAct:
+    policy: Any = wire.policy
+    act: TrainerAct = TrainerAct.unchecked(
+        _counter(wire.step), _arrays(wire.actions), "" if policy is _UNSET else _text(policy)
+    )
+    return act
+
+
+def _actions(wire: ActionsWire) -> GameActions:
+    actions: GameActions = GameActions.unchecked(_counter(wire.tick), {k: _arrays(v) for k, v in wire.groups.items()})
+    return actions
+
+
+# --- encoding ----------------------------------------------------------------------------------------
+# Structs in the order ``to_wire`` writes the keys, defaults omitted as ``to_wire`` omits them: msgspec
+# encodes them straight from the message's parts, byte for byte what msgpack makes of ``to_wire()``
+# (tests/test_hot.py checks it on the shared vectors and on random messages).
+
+
+class _ArrayOut(msgspec.Struct, array_like=False):
+    dtype: str
+    shape: Any
+    data: Any
+
+
+class _FinalOut(msgspec.Struct):
+    index: _ArrayOut
+    obs: dict[str, _ArrayOut]
+
+
+class _StepDataOut(msgspec.Struct, omit_defaults=True):
+    obs: dict[str, _ArrayOut]
+    reward: _ArrayOut
+    terminated: _ArrayOut
+    truncated: _ArrayOut
+    final: _FinalOut | None = None
+    infos: Any = _UNSET
+    frames: Any = _UNSET
+
+
+class _StepOut(msgspec.Struct, tag_field="type", tag="step"):
+    tick: int
+    groups: dict[str, _StepDataOut]
+
+
+class _BatchOut(msgspec.Struct, tag_field="type", tag="batch", omit_defaults=True):
+    step: int
+    obs: dict[str, _ArrayOut]
+    reward: _ArrayOut
+    terminated: _ArrayOut
+    truncated: _ArrayOut
+    final: _FinalOut | None = None
+    infos: Any = _UNSET
+    frames: Any = _UNSET
+    policy: str = ""
+
+
+class _ActOut(msgspec.Struct, tag_field="type", tag="act", omit_defaults=True):
+    step: int
+    actions: dict[str, _ArrayOut]
+    policy: str = ""
+
+
+class _ActionsOut(msgspec.Struct, tag_field="type", tag="actions"):
+    tick: int
+    groups: dict[str, dict[str, _ArrayOut]]
+
+
+_ENCODER: Final = msgspec.msgpack.Encoder()
+_WIRE_NAME: Final = {dtype: name for name, dtype in DTYPES.items()}
+
+
+def _array_out(array: np.ndarray) -> _ArrayOut:
+    name = _WIRE_NAME.get(array.dtype)
+    if name is None or array.ndim == 0 or not array.flags.c_contiguous:
+        wire = encode_array(array)  # the general rules: a cast, a copy, a 0-d array made 1-d
+        return _ArrayOut(wire["dtype"], wire["shape"], wire["data"])
+    return _ArrayOut(name, array.shape, array.data.cast("B") if array.size else b"")
+
+
+def _arrays_out(arrays: dict[str, np.ndarray]) -> dict[str, _ArrayOut]:
+    return {key: _array_out(array) for key, array in arrays.items()}
+
+
+def _step_data_parts(data: StepData) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
+    final = None
+    if data.final_index is not None and data.final_obs is not None and len(data.final_index):
+        final = _FinalOut(_array_out(data.final_index), _arrays_out(data.final_obs))
+    return (
+        _arrays_out(data.obs),
+        _array_out(data.reward),
+        _array_out(data.terminated),
+        _array_out(data.truncated),
+        final,
+        data.infos if data.infos else _UNSET,
+        _UNSET if data.frames is None else _array_out(data.frames),
+    )
+
+
+def _out(message: Message) -> msgspec.Struct | None:
+    if isinstance(message, Batch):
+        return _BatchOut(message.step, *_step_data_parts(message.data), message.policy)
+    if isinstance(message, GameStep):
+        return _StepOut(message.tick, {k: _StepDataOut(*_step_data_parts(v)) for k, v in message.groups.items()})
+    if isinstance(message, TrainerAct):
+        return _ActOut(message.step, _arrays_out(message.actions), message.policy)
+    if isinstance(message, GameActions):
+        return _ActionsOut(message.tick, {k: _arrays_out(v) for k, v in message.groups.items()})
+    return None
+
+
+def encode_hot_frame(message: Message) -> bytes | None:
+    """A step, batch, act or actions message's msgpack frame (header and body), or None for the others."""
+    out = _out(message)
+    if out is None:
+        return None
+    # A fresh body, then one copy behind the header: encoding into a reused buffer was slower (msgspec sizes
+    # the buffer to each message, so a large one is allocated again, on fresh pages, every time).
+    body = _ENCODER.encode(out)
+    return HEADER.pack(len(body)) + body

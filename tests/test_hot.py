@@ -13,11 +13,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.protocol import hot
 from broker.protocol.arrays import DTYPES
 from broker.protocol.codec import BodyKind, WireDtype, encode_message_frame, unpack
 from broker.protocol.errors import RemoteProtocolError
 from broker.protocol.framing import HEADER
-from broker.protocol.hot import decode_hot, encode_hot_frame
+from broker.protocol.gather import frame_buffers
+from broker.protocol.hot import decode_hot, encode_hot_frame, hot_frame_buffers
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct, message_from_wire
 
 VECTORS = json.loads((Path(__file__).parent / "vectors" / "protocol_v1.json").read_text())
@@ -170,3 +172,36 @@ def test_a_damaged_body_is_never_accepted_by_the_fast_way_alone(message: Message
     if fast is not None:
         assert general is not None, f"the fast way accepted a body the general way refuses: {frozen.hex()}"
         assert _same(fast, general)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+def test_large_arrays_go_out_from_their_own_memory_and_join_to_the_same_bytes() -> None:
+    big = _read_only(np.arange(400 * 64, dtype=np.float32).reshape(400, 64))
+    writable = np.ones((400, 64), np.float32)
+    data = StepData(
+        {"obs": big, "other": writable}, np.zeros(400, np.float32), np.zeros(400, np.bool_), np.zeros(400, np.bool_)
+    )
+    message = Batch(7, data)
+    frame = encode_hot_frame(message)
+    parts = hot_frame_buffers(message, 16 * 1024, writable_too=False)
+    assert parts is not None and b"".join(bytes(p) for p in parts) == frame
+    referenced = [p for p in parts if isinstance(p, memoryview)]
+    assert len(referenced) == 1 and np.shares_memory(np.frombuffer(referenced[0], np.float32), big)
+    parts = hot_frame_buffers(message, 16 * 1024, writable_too=True)
+    assert parts is not None and b"".join(bytes(p) for p in parts) == frame
+    assert sum(isinstance(p, memoryview) for p in parts) == 2
+
+
+def test_the_marker_found_elsewhere_sends_the_frame_the_general_way() -> None:
+    planted = np.frombuffer(hot._MARKER * 2, np.uint8).reshape(1, 32)  # as if a peer had guessed it
+    big = _read_only(np.zeros((1, 8192), np.float32))
+    data = StepData(
+        {"obs": big, "planted": planted}, np.zeros(1, np.float32), np.zeros(1, np.bool_), np.zeros(1, np.bool_)
+    )
+    assert hot_frame_buffers(Batch(1, data), 16 * 1024, writable_too=False) is None
+    parts = frame_buffers(BodyKind.MSGPACK, Batch(1, data))
+    assert b"".join(bytes(p) for p in parts) == encode_message_frame(BodyKind.MSGPACK, Batch(1, data).to_wire())

@@ -13,6 +13,7 @@ from typing import Final
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 
 HEADER: Final = struct.Struct("<I")
+Buffer = bytes | bytearray | memoryview  # what a frame is written from
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 # What one read asks for while no frame body is open (headers and small frames). A larger body gets a
 # buffer of its own once its header is in; at most this much of it lands here first and is copied once.

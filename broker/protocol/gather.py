@@ -15,8 +15,8 @@ from typing import Any, Final
 import msgpack
 
 from broker.protocol.codec import BodyKind, encode_message_frame
-from broker.protocol.framing import HEADER
-from broker.protocol.hot import encode_hot_frame
+from broker.protocol.framing import HEADER, Buffer
+from broker.protocol.hot import hot_frame_buffers
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, TrainerAct
 
 # A bin value at least this large is sent from its own memory; below it copying is cheaper than a buffer
@@ -26,8 +26,6 @@ MAX_BUFFERS: Final = 512  # well under IOV_MAX (1024 on Linux), what one sendmsg
 # Free-form maps are packed whole (never walked): they hold no arrays.
 _PACKED_WHOLE: Final = frozenset({"infos", "status"})
 _BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
-
-Buffer = bytes | bytearray | memoryview
 
 
 class _Packer(threading.local):
@@ -61,9 +59,11 @@ def frame_buffers(kind: BodyKind, message: Message, writable_too: bool = False) 
     """
     if kind is not BodyKind.MSGPACK:
         return [encode_message_frame(kind, message.to_wire())]
+    buffers = hot_frame_buffers(message, GATHER_MIN_BYTES, writable_too)
+    if buffers is not None:
+        return buffers if len(buffers) <= MAX_BUFFERS else [b"".join(buffers)]
     if array_bytes(message) < GATHER_MIN_BYTES:
-        frame = encode_hot_frame(message)
-        return [frame if frame is not None else encode_message_frame(kind, message.to_wire())]
+        return [encode_message_frame(kind, message.to_wire())]
     return wire_buffers(message.to_wire(), writable_too=writable_too)
 
 

@@ -13,6 +13,8 @@ text stay with the message table (``tests/test_hot.py`` checks both ways agree).
 
 from __future__ import annotations
 
+import os
+import struct
 from typing import Any, Final
 
 import msgspec
@@ -30,7 +32,7 @@ from broker.protocol.codec import (
     StepWire,
 )
 from broker.protocol.fields import MAX_ARRAY_KEYS, MAX_TEXT
-from broker.protocol.framing import HEADER
+from broker.protocol.framing import HEADER, Buffer
 from broker.protocol.limits import INT_MAX, MAX_FRAME_ELEMENTS, MAX_GROUPS
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
 
@@ -222,26 +224,48 @@ class _ActionsOut(msgspec.Struct, tag_field="type", tag="actions"):
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _WIRE_NAME: Final = {dtype: name for name, dtype in DTYPES.items()}
+# Stands in for a large array's data in the encoded body, where the array's own memory goes instead. Random
+# per process, so no peer can plant it; found any other number of times than placed, the frame goes the
+# general way.
+_MARKER: Final = os.urandom(16)
+_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
 
 
-def _array_out(array: np.ndarray) -> _ArrayOut:
+class _References(list[memoryview]):
+    """The large arrays' memory an encoding refers to instead of copying, in the order they appear."""
+
+    def __init__(self, min_bytes: int, writable_too: bool) -> None:
+        super().__init__()
+        self.min_bytes = min_bytes
+        self.writable_too = writable_too
+
+
+def _array_out(array: np.ndarray, refs: _References | None = None) -> _ArrayOut:
     name = _WIRE_NAME.get(array.dtype)
     if name is None or array.ndim == 0 or not array.flags.c_contiguous:
         wire = encode_array(array)  # the general rules: a cast, a copy, a 0-d array made 1-d
         return _ArrayOut(wire["dtype"], wire["shape"], wire["data"])
+    if refs is not None and array.nbytes >= refs.min_bytes and (refs.writable_too or not array.flags.writeable):
+        refs.append(array.data.cast("B"))
+        size = array.nbytes
+        if size < 0x100:
+            head = _BIN8.pack(0xC4, size)
+        else:
+            head = _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size)
+        return _ArrayOut(name, array.shape, msgspec.Raw(head + _MARKER))
     return _ArrayOut(name, array.shape, array.data.cast("B") if array.size else b"")
 
 
-def _arrays_out(arrays: dict[str, np.ndarray]) -> dict[str, _ArrayOut]:
-    return {key: _array_out(array) for key, array in arrays.items()}
+def _arrays_out(arrays: dict[str, np.ndarray], refs: _References | None = None) -> dict[str, _ArrayOut]:
+    return {key: _array_out(array, refs) for key, array in arrays.items()}
 
 
-def _step_data_parts(data: StepData) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
+def _step_data_parts(data: StepData, refs: _References | None) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
     final = None
     if data.final_index is not None and data.final_obs is not None and len(data.final_index):
-        final = _FinalOut(_array_out(data.final_index), _arrays_out(data.final_obs))
+        final = _FinalOut(_array_out(data.final_index), _arrays_out(data.final_obs, refs))
     return (
-        _arrays_out(data.obs),
+        _arrays_out(data.obs, refs),
         _array_out(data.reward),
         _array_out(data.terminated),
         _array_out(data.truncated),
@@ -251,15 +275,16 @@ def _step_data_parts(data: StepData) -> tuple[Any, Any, Any, Any, Any, Any, Any]
     )
 
 
-def _out(message: Message) -> msgspec.Struct | None:
+def _out(message: Message, refs: _References | None = None) -> msgspec.Struct | None:
     if isinstance(message, Batch):
-        return _BatchOut(message.step, *_step_data_parts(message.data), message.policy)
+        return _BatchOut(message.step, *_step_data_parts(message.data, refs), message.policy)
     if isinstance(message, GameStep):
-        return _StepOut(message.tick, {k: _StepDataOut(*_step_data_parts(v)) for k, v in message.groups.items()})
+        groups = {k: _StepDataOut(*_step_data_parts(v, refs)) for k, v in message.groups.items()}
+        return _StepOut(message.tick, groups)
     if isinstance(message, TrainerAct):
-        return _ActOut(message.step, _arrays_out(message.actions), message.policy)
+        return _ActOut(message.step, _arrays_out(message.actions, refs), message.policy)
     if isinstance(message, GameActions):
-        return _ActionsOut(message.tick, {k: _arrays_out(v) for k, v in message.groups.items()})
+        return _ActionsOut(message.tick, {k: _arrays_out(v, refs) for k, v in message.groups.items()})
     return None
 
 
@@ -268,7 +293,28 @@ def encode_hot_frame(message: Message) -> bytes | None:
     out = _out(message)
     if out is None:
         return None
-    # A fresh body, then one copy behind the header: encoding into a reused buffer was slower (msgspec sizes
-    # the buffer to each message, so a large one is allocated again, on fresh pages, every time).
     body = _ENCODER.encode(out)
     return HEADER.pack(len(body)) + body
+
+
+def hot_frame_buffers(message: Message, min_bytes: int, writable_too: bool) -> list[Buffer] | None:
+    """A step, batch, act or actions message's frame as buffers for one gather write: array data of
+    ``min_bytes`` or more from the arrays' own memory (read-only memory only, unless ``writable_too``),
+    the rest encoded; None for other messages. Joined, the bytes of ``encode_hot_frame``."""
+    refs = _References(min_bytes, writable_too)
+    out = _out(message, refs)
+    if out is None:
+        return None
+    body = _ENCODER.encode(out)
+    if not refs:
+        return [HEADER.pack(len(body)) + body]
+    pieces = body.split(_MARKER)
+    if len(pieces) != len(refs) + 1:
+        return None  # the marker turned up inside the message too
+    size = len(body) - len(refs) * len(_MARKER) + sum(ref.nbytes for ref in refs)
+    parts: list[Buffer] = [HEADER.pack(size) + pieces[0]]
+    for ref, piece in zip(refs, pieces[1:], strict=True):
+        parts.append(ref)
+        if piece:
+            parts.append(piece)
+    return parts

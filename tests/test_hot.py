@@ -205,3 +205,24 @@ def test_the_marker_found_elsewhere_sends_the_frame_the_general_way() -> None:
     assert hot_frame_buffers(Batch(1, data), 16 * 1024, writable_too=False) is None
     parts = frame_buffers(BodyKind.MSGPACK, Batch(1, data))
     assert b"".join(bytes(p) for p in parts) == encode_message_frame(BodyKind.MSGPACK, Batch(1, data).to_wire())
+
+
+@pytest.mark.parametrize("writable_too", [False, True])
+def test_large_final_obs_and_several_groups_gather_in_their_encoded_order(writable_too: bool) -> None:
+    def data(rows: int, ended: int, width: int) -> StepData:
+        obs = {"img": _read_only(np.full((rows, width), rows, np.uint8)), "vec": np.ones((rows, 3), np.float32)}
+        final_obs = {"img": _read_only(np.full((ended, width), 7, np.uint8)), "vec": np.zeros((ended, 3), np.float32)}
+        index = np.arange(ended, dtype=np.int32)
+        return StepData(
+            obs, np.zeros(rows, np.float32), np.zeros(rows, np.bool_), np.ones(rows, np.bool_), index, final_obs
+        )
+
+    for message in (
+        GameStep(3, {"a": data(4, 1, 84 * 84 * 3), "b": data(2, 2, 20_000)}),
+        Batch(9, data(4, 1, 84 * 84 * 3)),
+    ):
+        parts = hot_frame_buffers(message, 16 * 1024, writable_too)
+        assert parts is not None and sum(isinstance(p, memoryview) for p in parts) >= 2
+        frame = b"".join(bytes(p) for p in parts)
+        assert frame == encode_message_frame(BodyKind.MSGPACK, message.to_wire())
+        assert _same(decode_hot(frame[HEADER.size :]), message)

@@ -261,11 +261,12 @@ def _arrays_out(arrays: dict[str, np.ndarray], refs: _References | None = None) 
 
 
 def _step_data_parts(data: StepData, refs: _References | None) -> tuple[Any, Any, Any, Any, Any, Any, Any]:
+    obs = _arrays_out(data.obs, refs)  # before the final obs: refs must be in the order they are encoded
     final = None
     if data.final_index is not None and data.final_obs is not None and len(data.final_index):
         final = _FinalOut(_array_out(data.final_index), _arrays_out(data.final_obs, refs))
     return (
-        _arrays_out(data.obs, refs),
+        obs,
         _array_out(data.reward),
         _array_out(data.terminated),
         _array_out(data.truncated),

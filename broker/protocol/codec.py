@@ -142,6 +142,8 @@ def _unpack_checked(body: bytes | memoryview) -> dict[str, Any]:
 
 
 # --- the hot path: step, act, actions and batch with their arrays' data as views of the body -------------
+# These structs are also what ``hot.py`` encodes those messages from: their fields are in the order the
+# message tables write them, and absent defaults are omitted as the tables omit them.
 # msgpack-python copies every bin value out of the body; msgspec's typed decoder can instead give a
 # memoryview into it, which is what lets an array be a view of the frame it came in. These schemas only
 # parse: anything they do not match (a missing field, a key of another type, a bool for an int, a key no
@@ -165,7 +167,7 @@ class FinalWire(msgspec.Struct, forbid_unknown_fields=True):
     obs: dict[str, ArrayWire]
 
 
-class StepDataWire(msgspec.Struct, forbid_unknown_fields=True):
+class StepDataWire(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     obs: dict[str, ArrayWire]
     reward: ArrayWire
     terminated: ArrayWire
@@ -180,8 +182,19 @@ class StepWire(msgspec.Struct, tag_field="type", tag="step", forbid_unknown_fiel
     groups: dict[str, StepDataWire]
 
 
-class BatchWire(StepDataWire, tag_field="type", tag="batch", forbid_unknown_fields=True):
-    step: int | msgspec.UnsetType = msgspec.UNSET  # only a default may follow the fields with defaults
+class BatchWire(
+    msgspec.Struct, tag_field="type", tag="batch", forbid_unknown_fields=True, omit_defaults=True, kw_only=True
+):
+    """StepDataWire's fields behind ``step``, in the order ``Batch.to_wire`` writes them."""
+
+    step: int
+    obs: dict[str, ArrayWire]
+    reward: ArrayWire
+    terminated: ArrayWire
+    truncated: ArrayWire
+    final: FinalWire | None = None
+    infos: Any = msgspec.UNSET
+    frames: ArrayWire | msgspec.UnsetType = msgspec.UNSET
     policy: str | msgspec.UnsetType = msgspec.UNSET  # a sampler's batch
 
 
@@ -213,7 +226,7 @@ def _arrays_map(arrays: dict[str, ArrayWire]) -> dict[str, Any]:
     return {k: {"dtype": a.dtype, "shape": a.shape, "data": a.data} for k, a in arrays.items()}
 
 
-def _step_data_map(s: StepDataWire, into: dict[str, Any]) -> dict[str, Any]:
+def _step_data_map(s: StepDataWire | BatchWire, into: dict[str, Any]) -> dict[str, Any]:
     into["obs"] = _arrays_map(s.obs)
     into["reward"] = _array_map(s.reward)
     into["terminated"] = _array_map(s.terminated)

@@ -28,6 +28,7 @@ from broker.protocol.codec import (
     ActWire,
     ArrayWire,
     BatchWire,
+    FinalWire,
     StepDataWire,
     StepWire,
 )
@@ -102,7 +103,7 @@ def _rows(arrays: dict[str, np.ndarray], n: int) -> None:
             raise _Refused
 
 
-def _step_data(wire: StepDataWire) -> StepData:
+def _step_data(wire: StepDataWire | BatchWire) -> StepData:
     """StepData.from_wire's checks, on the typed parts."""
     if wire.infos is not _UNSET:
         raise _Refused  # free-form infos: the general way checks them
@@ -143,8 +144,6 @@ def _step(wire: StepWire) -> GameStep:
 
 
 def _batch(wire: BatchWire) -> Batch:
-    if wire.step is _UNSET:
-        raise _Refused
     policy: Any = wire.policy
     batch: Batch = Batch.unchecked(
         _counter(wire.step),
@@ -168,58 +167,11 @@ def _actions(wire: ActionsWire) -> GameActions:
 
 
 # --- encoding ----------------------------------------------------------------------------------------
-# Structs in the order ``to_wire`` writes the keys, defaults omitted as ``to_wire`` omits them: msgspec
-# encodes them straight from the message's parts, byte for byte what msgpack makes of ``to_wire()``
-# (tests/test_hot.py checks it on the shared vectors and on random messages).
-
-
-class _ArrayOut(msgspec.Struct, array_like=False):
-    dtype: str
-    shape: Any
-    data: Any
-
-
-class _FinalOut(msgspec.Struct):
-    index: _ArrayOut
-    obs: dict[str, _ArrayOut]
-
-
-class _StepDataOut(msgspec.Struct, omit_defaults=True):
-    obs: dict[str, _ArrayOut]
-    reward: _ArrayOut
-    terminated: _ArrayOut
-    truncated: _ArrayOut
-    final: _FinalOut | None = None
-    infos: Any = _UNSET
-    frames: Any = _UNSET
-
-
-class _StepOut(msgspec.Struct, tag_field="type", tag="step"):
-    tick: int
-    groups: dict[str, _StepDataOut]
-
-
-class _BatchOut(msgspec.Struct, tag_field="type", tag="batch", omit_defaults=True):
-    step: int
-    obs: dict[str, _ArrayOut]
-    reward: _ArrayOut
-    terminated: _ArrayOut
-    truncated: _ArrayOut
-    final: _FinalOut | None = None
-    infos: Any = _UNSET
-    frames: Any = _UNSET
-    policy: str = ""
-
-
-class _ActOut(msgspec.Struct, tag_field="type", tag="act", omit_defaults=True):
-    step: int
-    actions: dict[str, _ArrayOut]
-    policy: str = ""
-
-
-class _ActionsOut(msgspec.Struct, tag_field="type", tag="actions"):
-    tick: int
-    groups: dict[str, dict[str, _ArrayOut]]
+# The decoding structs, filled from the message's parts: msgspec encodes them byte for byte as msgpack
+# encodes ``to_wire()`` (tests/test_hot.py checks it on the shared vectors and on random messages).
+# Encoding takes any buffer for an array's data (and a Raw stand-in) and any sequence for its shape, where
+# decoding gives a memoryview and a list: hence the untyped constructor.
+_array_wire: Any = ArrayWire
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
@@ -240,11 +192,11 @@ class _References(list[memoryview]):
         self.writable_too = writable_too
 
 
-def _array_out(array: np.ndarray, refs: _References | None = None) -> _ArrayOut:
+def _array_out(array: np.ndarray, refs: _References | None = None) -> ArrayWire:
     name = _WIRE_NAME.get(array.dtype)
     if name is None or array.ndim == 0 or not array.flags.c_contiguous:
         wire = encode_array(array)  # the general rules: a cast, a copy, a 0-d array made 1-d
-        return _ArrayOut(wire["dtype"], wire["shape"], wire["data"])
+        return _array_wire(wire["dtype"], wire["shape"], wire["data"])
     if refs is not None and array.nbytes >= refs.min_bytes and (refs.writable_too or not array.flags.writeable):
         refs.append(array.data.cast("B"))
         size = array.nbytes
@@ -252,11 +204,11 @@ def _array_out(array: np.ndarray, refs: _References | None = None) -> _ArrayOut:
             head = _BIN8.pack(0xC4, size)
         else:
             head = _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size)
-        return _ArrayOut(name, array.shape, msgspec.Raw(head + _MARKER))
-    return _ArrayOut(name, array.shape, array.data.cast("B") if array.size else b"")
+        return _array_wire(name, array.shape, msgspec.Raw(head + _MARKER))
+    return _array_wire(name, array.shape, array.data.cast("B") if array.size else b"")
 
 
-def _arrays_out(arrays: dict[str, np.ndarray], refs: _References | None = None) -> dict[str, _ArrayOut]:
+def _arrays_out(arrays: dict[str, np.ndarray], refs: _References | None = None) -> dict[str, ArrayWire]:
     return {key: _array_out(array, refs) for key, array in arrays.items()}
 
 
@@ -264,7 +216,7 @@ def _step_data_parts(data: StepData, refs: _References | None) -> tuple[Any, Any
     obs = _arrays_out(data.obs, refs)  # before the final obs: refs must be in the order they are encoded
     final = None
     if data.final_index is not None and data.final_obs is not None and len(data.final_index):
-        final = _FinalOut(_array_out(data.final_index), _arrays_out(data.final_obs, refs))
+        final = FinalWire(_array_out(data.final_index), _arrays_out(data.final_obs, refs))
     return (
         obs,
         _array_out(data.reward),
@@ -278,14 +230,25 @@ def _step_data_parts(data: StepData, refs: _References | None) -> tuple[Any, Any
 
 def _out(message: Message, refs: _References | None = None) -> msgspec.Struct | None:
     if isinstance(message, Batch):
-        return _BatchOut(message.step, *_step_data_parts(message.data, refs), message.policy)
+        obs, reward, terminated, truncated, final, infos, frames = _step_data_parts(message.data, refs)
+        return BatchWire(
+            step=message.step,
+            obs=obs,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            final=final,
+            infos=infos,
+            frames=frames,
+            policy=message.policy or _UNSET,
+        )
     if isinstance(message, GameStep):
-        groups = {k: _StepDataOut(*_step_data_parts(v, refs)) for k, v in message.groups.items()}
-        return _StepOut(message.tick, groups)
+        groups = {k: StepDataWire(*_step_data_parts(v, refs)) for k, v in message.groups.items()}
+        return StepWire(message.tick, groups)
     if isinstance(message, TrainerAct):
-        return _ActOut(message.step, _arrays_out(message.actions, refs), message.policy)
+        return ActWire(message.step, _arrays_out(message.actions, refs), message.policy or _UNSET)
     if isinstance(message, GameActions):
-        return _ActionsOut(message.tick, {k: _arrays_out(v, refs) for k, v in message.groups.items()})
+        return ActionsWire(message.tick, {k: _arrays_out(v, refs) for k, v in message.groups.items()})
     return None
 
 

@@ -226,3 +226,23 @@ def test_large_final_obs_and_several_groups_gather_in_their_encoded_order(writab
         frame = b"".join(bytes(p) for p in parts)
         assert frame == encode_message_frame(BodyKind.MSGPACK, message.to_wire())
         assert _same(decode_hot(frame[HEADER.size :]), message)
+
+
+def test_a_body_over_the_element_bound_is_scanned_then_takes_the_fast_way() -> None:
+    from broker.protocol.limits import MAX_FRAME_ELEMENTS
+
+    rows = MAX_FRAME_ELEMENTS // 256 + 1
+    image = np.arange(rows * 256, dtype=np.uint32).astype(np.uint8).reshape(rows, 256)
+    data = StepData({"img": image}, np.zeros(rows, np.float32), np.zeros(rows, np.bool_), np.zeros(rows, np.bool_))
+    body = encode_message_frame(BodyKind.MSGPACK, GameStep(4, {"a": data}).to_wire())[HEADER.size :]
+    assert len(body) > MAX_FRAME_ELEMENTS
+    fast = decode_hot(body)
+    assert fast is not None and _same(fast, _general(body))
+    # a large body whose containers declare more values than the bound: the same refusal both ways
+    at = body.index(b"\xa5shape\x92") + len(b"\xa5shape")
+    hostile = body[:at] + b"\xdd\xff\xff\xff\xff" + body[at + 1 :]  # the shape declares 2**32 - 1 values
+    with pytest.raises(RemoteProtocolError) as general:
+        _general(bytes(hostile))
+    with pytest.raises(RemoteProtocolError) as hot_way:
+        decode_hot(bytes(hostile))
+    assert str(hot_way.value) == str(general.value)

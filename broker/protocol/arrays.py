@@ -31,11 +31,11 @@ MAX_NDIM: Final = 8
 
 
 # Native numpy dtypes that are already their wire form, keyed by dtype: one dict lookup per array.
-_WIRE_NAME: Final[dict[np.dtype[Any], str]] = {dtype: name for name, dtype in DTYPES.items()}
+WIRE_NAMES: Final[dict[np.dtype[Any], str]] = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def dtype_name(dtype: np.dtype[Any]) -> str:
-    name = _WIRE_NAME.get(dtype)
+    name = WIRE_NAMES.get(dtype)
     if name is not None:
         return name
     name = np.dtype(dtype).name
@@ -46,7 +46,7 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 
 def encode_array(array: np.ndarray) -> dict[str, Any]:
     """The array map; ``data`` is a view of the array's memory when it is already contiguous wire data."""
-    name = _WIRE_NAME.get(array.dtype)
+    name = WIRE_NAMES.get(array.dtype)
     if name is None or array.ndim == 0 or not array.flags.c_contiguous:
         name = dtype_name(array.dtype)
         array = np.ascontiguousarray(array, dtype=DTYPES[name])  # also makes a 0-d array 1-d, as it always did

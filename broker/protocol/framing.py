@@ -14,6 +14,16 @@ from broker.protocol.errors import ErrorCode, RemoteProtocolError
 
 HEADER: Final = struct.Struct("<I")
 Buffer = bytes | bytearray | memoryview  # what a frame is written from
+_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
+
+
+def bin_header(size: int) -> bytes:
+    """The msgpack header of a ``bin`` value of ``size`` bytes, for writing its payload from elsewhere."""
+    if size < 0x100:
+        return _BIN8.pack(0xC4, size)
+    return _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size)
+
+
 DEFAULT_MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 # What one read asks for while no frame body is open (headers and small frames). A larger body gets a
 # buffer of its own once its header is in; at most this much of it lands here first and is copied once.

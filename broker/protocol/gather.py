@@ -8,14 +8,13 @@ received frame is that frame's buffer. ``b"".join(frame_buffers(kind, m))`` is b
 
 from __future__ import annotations
 
-import struct
 import threading
 from typing import Any, Final
 
 import msgpack
 
 from broker.protocol.codec import BodyKind, encode_message_frame
-from broker.protocol.framing import HEADER, Buffer
+from broker.protocol.framing import HEADER, Buffer, bin_header
 from broker.protocol.hot import hot_frame_buffers
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, TrainerAct
 
@@ -25,7 +24,6 @@ GATHER_MIN_BYTES: Final = 16 * 1024
 MAX_BUFFERS: Final = 512  # well under IOV_MAX (1024 on Linux), what one sendmsg takes
 # Free-form maps are packed whole (never walked): they hold no arrays.
 _PACKED_WHOLE: Final = frozenset({"infos", "status"})
-_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
 
 
 class _Packer(threading.local):
@@ -99,10 +97,7 @@ def _walk(value: Any, parts: list[Buffer], small: bytearray, packer: msgpack.Pac
         view = memoryview(value)
         size = view.nbytes
         if size >= abs(min_bytes) and (min_bytes > 0 or view.readonly):
-            if size < 0x100:
-                small += _BIN8.pack(0xC4, size)
-            else:
-                small += _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size)
+            small += bin_header(size)
             parts.append(small)
             parts.append(value)
             return bytearray()

@@ -14,13 +14,12 @@ text stay with the message table (``tests/test_hot.py`` checks both ways agree).
 from __future__ import annotations
 
 import os
-import struct
 from typing import Any, Final
 
 import msgspec
 import numpy as np
 
-from broker.protocol.arrays import DTYPES, encode_array
+from broker.protocol.arrays import DTYPES, WIRE_NAMES, encode_array
 from broker.protocol.codec import (
     HOT_DECODER,
     HOT_PREFIXES,
@@ -31,11 +30,14 @@ from broker.protocol.codec import (
     FinalWire,
     StepDataWire,
     StepWire,
+    check_msgpack_bounds,
 )
+from broker.protocol.errors import ErrorCode
 from broker.protocol.fields import MAX_ARRAY_KEYS, MAX_TEXT
-from broker.protocol.framing import HEADER, Buffer
+from broker.protocol.framing import HEADER, Buffer, bin_header
 from broker.protocol.limits import INT_MAX, MAX_FRAME_ELEMENTS, MAX_GROUPS
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
+from broker.protocol.spaces import check_finite
 
 _BOOL: Final = np.dtype("?")
 _INT32: Final = np.dtype("<i4")
@@ -50,8 +52,10 @@ class _Refused(Exception):
 def decode_hot(body: bytes | memoryview) -> Message | None:
     """A step, batch, act or actions message from a msgpack body, or None when the body is none of those
     as this package writes them, or needs a check only the general way makes."""
-    if len(body) > MAX_FRAME_ELEMENTS or not bytes(body[1:14]).startswith(HOT_PREFIXES):
-        return None  # a large body has its bounds checked first, on the general way
+    if not bytes(body[1:14]).startswith(HOT_PREFIXES):
+        return None
+    if len(body) > MAX_FRAME_ELEMENTS:
+        check_msgpack_bounds(body)  # as the general way does first: its refusal is the peer's error
     try:
         wire = HOT_DECODER.decode(body)
         if type(wire) is StepWire:
@@ -92,11 +96,6 @@ def _arrays(wires: dict[str, ArrayWire]) -> dict[str, np.ndarray]:
     return {key: _array(wire) for key, wire in wires.items()}
 
 
-def _finite(array: np.ndarray) -> None:
-    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
-        raise _Refused
-
-
 def _rows(arrays: dict[str, np.ndarray], n: int) -> None:
     for array in arrays.values():
         if array.ndim < 1 or array.shape[0] != n:
@@ -110,7 +109,7 @@ def _step_data(wire: StepDataWire | BatchWire) -> StepData:
     reward, terminated, truncated = _array(wire.reward), _array(wire.terminated), _array(wire.truncated)
     if reward.ndim != 1 or reward.dtype != _FLOAT32:
         raise _Refused
-    _finite(reward)
+    check_finite(reward, "reward", ErrorCode.BAD_STEP)  # the one rule; a refusal goes the general way
     rows = reward.shape
     n = rows[0]
     if terminated.shape != rows or terminated.dtype != _BOOL or truncated.shape != rows or truncated.dtype != _BOOL:
@@ -175,12 +174,10 @@ _array_wire: Any = ArrayWire
 
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
-_WIRE_NAME: Final = {dtype: name for name, dtype in DTYPES.items()}
 # Stands in for a large array's data in the encoded body, where the array's own memory goes instead. Random
 # per process, so no peer can plant it; found any other number of times than placed, the frame goes the
 # general way.
 _MARKER: Final = os.urandom(16)
-_BIN8, _BIN16, _BIN32 = struct.Struct(">BB"), struct.Struct(">BH"), struct.Struct(">BI")
 
 
 class _References(list[memoryview]):
@@ -193,18 +190,13 @@ class _References(list[memoryview]):
 
 
 def _array_out(array: np.ndarray, refs: _References | None = None) -> ArrayWire:
-    name = _WIRE_NAME.get(array.dtype)
+    name = WIRE_NAMES.get(array.dtype)
     if name is None or array.ndim == 0 or not array.flags.c_contiguous:
         wire = encode_array(array)  # the general rules: a cast, a copy, a 0-d array made 1-d
         return _array_wire(wire["dtype"], wire["shape"], wire["data"])
     if refs is not None and array.nbytes >= refs.min_bytes and (refs.writable_too or not array.flags.writeable):
         refs.append(array.data.cast("B"))
-        size = array.nbytes
-        if size < 0x100:
-            head = _BIN8.pack(0xC4, size)
-        else:
-            head = _BIN16.pack(0xC5, size) if size < 0x10000 else _BIN32.pack(0xC6, size)
-        return _array_wire(name, array.shape, msgspec.Raw(head + _MARKER))
+        return _array_wire(name, array.shape, msgspec.Raw(bin_header(array.nbytes) + _MARKER))
     return _array_wire(name, array.shape, array.data.cast("B") if array.size else b"")
 
 

@@ -244,9 +244,7 @@ def _hot_map(wire: Any) -> dict[str, Any]:
     if isinstance(wire, StepWire):
         return {"type": "step", "tick": wire.tick, "groups": {k: _step_data_map(v, {}) for k, v in wire.groups.items()}}
     if isinstance(wire, BatchWire):
-        head: dict[str, Any] = {"type": "batch"}
-        if not isinstance(wire.step, msgspec.UnsetType):
-            head["step"] = wire.step
+        head: dict[str, Any] = {"type": "batch", "step": wire.step}
         if not isinstance(wire.policy, msgspec.UnsetType):
             head["policy"] = wire.policy
         return _step_data_map(wire, head)

@@ -59,8 +59,8 @@ def run_inprocess(config: BenchConfig, warmup_s: float, measure_s: float) -> Non
     from clients.inprocess import InProcessBroker
 
     broker = InProcessBroker(expected_games=config.games, status_interval=0, stepping="barrier")
-    # The broker's daemon thread: it runs the loop only while no trainer waits in step_wait; the broker's work
-    # on the trainers' threads counts with theirs.
+    # The broker's daemon thread: with one policy it runs the loop only while no trainer waits in step_wait
+    # (the broker's work on the trainer's thread counts with the trainer's); with several it runs it always.
     emit({"event": "ready", "port": broker.server.port, "broker_tid": broker.server_thread.native_id})
 
     def trainer(policy: str, seed: int) -> None:

@@ -1,7 +1,7 @@
 """The broker inside the trainer's own process: games still connect over its port, and trainers here
-exchange messages with the hub through bounded inboxes, no socket. A VecEnv waiting in ``step_wait`` runs
-the broker's event loop on its own thread until its batch is complete (no thread hop); several VecEnvs, one
-per policy and each on its own thread if you like, take turns; while none waits (a PPO update), the broker's
+exchange messages with the hub through bounded inboxes, no socket. A single VecEnv waiting in ``step_wait`` runs
+the broker's event loop on its own thread until its batch is complete (no thread hop); with several VecEnvs
+(one per policy, each on its own thread if you like), and while none waits (a PPO update), the broker's
 daemon thread serves the games.
 
 Only the broker's public server API is used (``broker.server``: ``ServerThread``, ``attach_trainer``)."""

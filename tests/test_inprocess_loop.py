@@ -1,7 +1,7 @@
 """Who runs the in-process broker's event loop: a trainer waiting in step_wait runs it on its own thread (a
 game's step reaches the policy with no thread hop); while no trainer waits the broker's daemon thread runs
-it, so games are still served; a trainer whose thread already runs an event loop (a notebook) is served by
-the daemon thread; closing the broker wakes a trainer that waits.
+it, so games are still served; with several trainers attached, and for a trainer whose thread already runs
+an event loop (a notebook), the daemon thread runs it; closing the broker wakes a trainer that waits.
 
 Real parts: an in-process broker, a sim-game process over loopback, the VecEnv's public API."""
 
@@ -67,6 +67,35 @@ def test_a_stepping_trainer_runs_the_loop_on_its_own_thread(hold_broker: InProce
     acts_here = sum(1 for kind, thread in entries if kind == TrainerAct.TYPE and thread == me)
     # The game's steps were read by this thread, in step_wait; its actions went to the hub from it too.
     assert steps_here > 0 and acts_here > 0, entries[-10:]
+
+
+def test_with_several_trainers_the_daemon_runs_the_loop_and_one_alone_takes_it_back(
+    hold_broker: InProcessBroker,
+) -> None:
+    """Handing the loop between trainers' threads every step costs more than one thread hop, so with two
+    trainers attached the daemon thread serves both; once one leaves, the other runs the loop again."""
+    entries = record_hub_entries(hold_broker)
+    mover = hold_broker.vec_env("mover", stepping=StepOptions("barrier"))
+    picker = hold_broker.vec_env("picker")  # hold stepping: once it leaves, the game goes on without it
+    mover.reset()
+    picker.reset()
+    both_attached = len(entries)
+    threads = [threading.Thread(target=step, args=(env, 30)) for env in (mover, picker)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    daemon = hold_broker.server_thread._thread.ident
+    together = [thread for kind, thread in entries[both_attached:] if kind == GameStep.TYPE]
+    assert len(together) >= 30 and set(together) == {daemon}, set(together)
+    picker.close()
+    time.sleep(0.1)  # the hub hears the picker leave
+    alone_from = len(entries)
+    step(mover, 30)
+    mover.close()
+    me = threading.get_ident()
+    alone = [thread for kind, thread in entries[alone_from:] if kind == GameStep.TYPE]
+    assert alone.count(me) >= 20, alone
 
 
 def test_games_are_served_while_no_trainer_waits(hold_broker: InProcessBroker) -> None:

@@ -5,10 +5,10 @@ that needs it (games still connect over its port), and trainers attached to its 
 to the hub, ``recv`` returns the next message the hub sent, ``close`` leaves. The hub sees an ordinary
 trainer whose link is a bounded inbox. Peers use these through ``clients.inprocess.InProcessBroker``.
 
-Who runs the loop: a trainer waiting in ``recv`` runs it on its own thread until the hub has sent it a
+Who runs the loop: a trainer alone waiting in ``recv`` runs it on its own thread until the hub has sent it a
 message, so a game's step reaches the policy with no thread hop (as in godot_rl). One thread runs the loop
-at a time (the *driver*); other trainers wait on their inbox and one of them takes over when the driver
-stops. While no trainer waits (between rollouts, during a policy update) the ``ServerThread``'s own daemon
+at a time (the *driver*). With several trainers attached the daemon thread runs it for all of them (one
+thread hop each way), since handing the loop between their threads every step costs more. While no trainer waits (between rollouts, during a policy update) the ``ServerThread``'s own daemon
 thread runs the loop, once it has been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer
 that waits; so games, hold deadlines and new connections are served at most that much later than by a loop
 on a thread of its own. A trainer whose thread already runs another event loop (a notebook) cannot run
@@ -156,8 +156,11 @@ class ServerThread:
             self.stop_run()
 
     def can_run_loop(self) -> bool:
-        """This thread may run the loop: it is open and no other event loop runs on this thread."""
-        if self.loop.is_closed() or self._stopping:
+        """This thread may run the loop: it is open, no other event loop runs on this thread, and it is the
+        only trainer attached. With several, the daemon thread runs the loop for all of them: handing it
+        from one trainer's thread to the next every step (wake-ups, a restart of the loop, the GIL passed
+        back and forth) costs more than the one thread hop (docs/performance.md, "Fifth round")."""
+        if self.loop.is_closed() or self._stopping or len(self._sides) > 1:
             return False
         return asyncio._get_running_loop() is None
 

@@ -6,13 +6,14 @@ to the hub, ``recv`` returns the next message the hub sent, ``close`` leaves. Th
 trainer whose link is a bounded inbox. Peers use these through ``clients.inprocess.InProcessBroker``.
 
 Who runs the loop: a trainer alone waiting in ``recv`` runs it on its own thread until the hub has sent it a
-message, so a game's step reaches the policy with no thread hop (as in godot_rl). One thread runs the loop
-at a time (the *driver*). With several trainers attached the daemon thread runs it for all of them (one
-thread hop each way), since handing the loop between their threads every step costs more. While no trainer waits (between rollouts, during a policy update) the ``ServerThread``'s own daemon
-thread runs the loop, once it has been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer
-that waits; so games, hold deadlines and new connections are served at most that much later than by a loop
-on a thread of its own. A trainer whose thread already runs another event loop (a notebook) cannot run
-this one: its ``recv`` has the daemon thread run it and waits on its inbox, one thread hop as before.
+message, so a game's step reaches the policy with no thread hop (as in godot_rl). One thread runs the loop at
+a time (the *driver*). With several trainers attached the daemon thread runs it for all of them (one thread
+hop each way), since handing the loop between their threads every step costs more. While no trainer waits
+(between rollouts, during a policy update) the ``ServerThread``'s own daemon thread runs the loop, once it has
+been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer that waits; so games, hold deadlines
+and new connections are served at most that much later than by a loop on a thread of its own. A trainer whose
+thread already runs another event loop (a notebook) cannot run this one: its ``recv`` has the daemon thread
+run it and waits on its inbox, one thread hop as before.
 """
 
 from __future__ import annotations

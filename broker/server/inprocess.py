@@ -137,7 +137,7 @@ class ServerThread:
         """A trainer that cannot run the loop starts (+1) or stops (-1) waiting for the daemon to run it."""
         with self._state:
             self._hop_wanted += delta
-            if self._driver is self or self._driver is None:
+            if self._driver is None:  # else the daemon runs the loop, or will claim it when it is released
                 self._state.notify_all()
 
     def run_loop(self) -> None:

@@ -23,6 +23,10 @@ EXAMPLES = ADDON_ROOT / "examples"
 PLUGIN_FIXTURE = ROOT.parent / "shared" / "godot" / "godot_rl_agents_plugin" / "addons" / "godot_rl_agents"
 
 IMPORT_TIMEOUT_S = 300
+# A first import takes 15-20 s here; the 4.2.3 editor has been seen to hang in one now and then (twice in a
+# row on the plugin project in one CI run, no class cache written): such an attempt is killed and retried.
+IMPORT_ATTEMPT_TIMEOUT_S = 120
+IMPORT_ATTEMPTS = 3
 
 
 def find_godot() -> Path | None:
@@ -75,15 +79,27 @@ def prepare_project(
         if not PLUGIN_FIXTURE.is_dir():
             pytest.fail(f"the godot_rl_agents plugin fixture is missing at {PLUGIN_FIXTURE}")
         shutil.copytree(PLUGIN_FIXTURE, destination / "addons" / "godot_rl_agents", dirs_exist_ok=True)
-    result = subprocess.run(
-        [str(godot), "--headless", "--path", str(destination), "--import"],
-        capture_output=True,
-        text=True,
-        timeout=IMPORT_TIMEOUT_S,
-    )
+    result = import_once(godot, destination)
     cache = destination / ".godot" / "global_script_class_cache.cfg"
     assert cache.exists(), f"--import wrote no class cache (exit {result.returncode}):\n{result.stdout}{result.stderr}"
     return destination
+
+
+def import_once(godot: Path, project: Path) -> subprocess.CompletedProcess[str]:
+    """``--import`` of ``project``; an attempt that hangs is killed and the import starts again from scratch."""
+    for attempt in range(1, IMPORT_ATTEMPTS + 1):
+        try:
+            return subprocess.run(
+                [str(godot), "--headless", "--path", str(project), "--import"],
+                capture_output=True,
+                text=True,
+                timeout=IMPORT_ATTEMPT_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            # subprocess.run killed it; its half-written cache must not be taken for an import
+            shutil.rmtree(project / ".godot", ignore_errors=True)
+            print(f"godot --import of {project} hung (attempt {attempt} of {IMPORT_ATTEMPTS}); retrying")
+    pytest.fail(f"godot --import of {project} hung {IMPORT_ATTEMPTS} times ({IMPORT_ATTEMPT_TIMEOUT_S} s each)")
 
 
 def export_template(godot: Path) -> Path:

@@ -79,13 +79,13 @@ def prepare_project(
         if not PLUGIN_FIXTURE.is_dir():
             pytest.fail(f"the godot_rl_agents plugin fixture is missing at {PLUGIN_FIXTURE}")
         shutil.copytree(PLUGIN_FIXTURE, destination / "addons" / "godot_rl_agents", dirs_exist_ok=True)
-    result = import_once(godot, destination)
+    result = run_import(godot, destination)
     cache = destination / ".godot" / "global_script_class_cache.cfg"
     assert cache.exists(), f"--import wrote no class cache (exit {result.returncode}):\n{result.stdout}{result.stderr}"
     return destination
 
 
-def import_once(godot: Path, project: Path) -> subprocess.CompletedProcess[str]:
+def run_import(godot: Path, project: Path) -> subprocess.CompletedProcess[str]:
     """``--import`` of ``project``; an attempt that hangs is killed and the import starts again from scratch."""
     for attempt in range(1, IMPORT_ATTEMPTS + 1):
         try:

@@ -286,3 +286,43 @@ def test_adaptive_deadline_is_capped() -> None:
     for _ in range(10):
         policy.record_response(5.0)  # a script that steps another policy in between, say
     assert policy.deadline_s == pytest.approx(0.1)
+
+
+def test_a_barrier_trainer_attaching_after_its_policy_was_held_answers_the_tick_it_saw() -> None:
+    # The broker's default is hold: "b" has no trainer, so game ticks are answered without it. Its trainer
+    # arrives (barrier) just after tick 0 was answered: a batch of tick 0 now would have its actions applied
+    # at tick 1 and its next transition span two ticks unannounced. It gets tick 1, which still waits.
+    hub, _scheduler, (game, game_link) = make_hub(policies=("a", "b"))
+    ta, ta_link = add_trainer(hub, "a", mode="barrier")
+    hub.game_step(game, tick(0, [0, 0], policies=("a", "b")))
+    hub.trainer_act(ta, act(0.0, ta_link.last(Batch).step))
+    assert game_link.last(GameActions).tick == 0 and set(game_link.last(GameActions).groups) == {"a"}
+    tb, tb_link = add_trainer(hub, "b", mode="barrier")
+    assert not tb_link.sent or not isinstance(tb_link.sent[-1], Batch)  # tick 0 is answered already
+    hub.game_step(game, tick(1, [1, 1], policies=("a", "b")))
+    first = tb_link.last(Batch)
+    assert first.data.obs["obs"][:, 0].tolist() == [1.0, 1.0]
+    hub.trainer_act(tb, act(0.5, first.step))
+    assert game_link.last(GameActions).tick == 0  # barrier: tick 1 waits for "a" as well
+    hub.trainer_act(ta, act(0.0, ta_link.last(Batch).step))
+    reply = game_link.last(GameActions)
+    assert reply.tick == 1 and reply.groups["b"]["move"].tolist() == [[0.5], [0.5]]
+    hub.game_step(game, tick(2, [2, 2], policies=("a", "b")))
+    batch = tb_link.last(Batch)
+    assert batch.step == first.step + 1 and batch.data.obs["obs"][:, 0].tolist() == [2.0, 2.0]
+    assert batch.data.frames is None  # one tick: lock-step, as godot_rl
+
+
+def test_barrier_transitions_that_span_held_ticks_report_their_frames() -> None:
+    hub, scheduler, (game, game_link) = make_hub(mode="barrier", deadline_ms=500.0)
+    trainer, t_link = add_trainer(hub, "fast")
+    hub.game_step(game, tick(0, [1, 1]))
+    first = t_link.last(Batch)
+    scheduler.fire_all()  # the deadline: tick 0 is answered without the trainer
+    hub.game_step(game, tick(1, [2, 2]))
+    hub.trainer_act(trainer, act(0.5, first.step))  # applied at tick 1
+    assert game_link.last(GameActions).tick == 1
+    hub.game_step(game, tick(2, [4, 4]))
+    batch = t_link.last(Batch)
+    assert batch.data.reward.tolist() == [6.0, 6.0]
+    assert batch.data.frames is not None and batch.data.frames.tolist() == [2, 2]

@@ -31,6 +31,7 @@ class SlotAccumulator:
         if self._first is None:
             self._open(first)
         self.last_tick = -1  # the game tick merged last (set by the hub)
+        self.ticks = 1  # game ticks merged so far
 
     def _open(self, first: StepData) -> None:
         """Start accumulating from ``first``: the arrays become this slot's own."""
@@ -62,6 +63,7 @@ class SlotAccumulator:
     def merge(self, step: StepData) -> None:
         if self._first is not None:
             self._open(self._first)
+        self.ticks += 1
         open_rows = ~self.closed
         self.reward[open_rows] += step.reward[open_rows]
         self.frames[open_rows] += 1

@@ -274,13 +274,21 @@ class Hub:
     # --- trainers --------------------------------------------------------------------------------
 
     def _round_complete(self, policy: PolicyState) -> bool:
-        """Every slot has ticks since the last batch, and at least one of them after its actions applied."""
+        """Every slot has ticks since the last batch, and at least one of them after its actions applied.
+        In barrier stepping also: each slot's game still waits for the reply to the newest of those ticks, so
+        that the actions answer the very tick they were computed from. (A policy held while it had no
+        trainer may have had that tick answered already; the game's next tick is then the one to send.)"""
         if not self.layout_complete and not policy.sampled:  # a sampler's layout is its claim
             return False
+        lock_step = policy.options.mode != "hold"
         for s in policy.offsets:
             accumulator = policy.round.get(s)
             if accumulator is None or s in policy.unapplied or accumulator.last_tick <= policy.applied_at.get(s, -1):
                 return False
+            if lock_step:
+                game = self.slots[s].game
+                if game is None or not game.awaiting or game.tick != accumulator.last_tick:
+                    return False
         return True
 
     def try_emit(self, policy: PolicyState) -> None:
@@ -291,8 +299,11 @@ class Hub:
             self.out += status.waiting_notice(self, trainer)
             return
         slots = sorted(policy.offsets)
-        with_frames = policy.options.mode == "hold"
-        parts = [policy.round[s].step_data(with_frames) for s in slots]
+        # Hold mode reports every transition's length; barrier mode only when one spans several ticks (held
+        # at a deadline, or while the policy had no trainer), so that a transition never hides its length.
+        accumulators = [policy.round[s] for s in slots]
+        with_frames = policy.options.mode == "hold" or any(a.ticks > 1 for a in accumulators)
+        parts = [a.step_data(with_frames) for a in accumulators]
         data = concatenate_rows(parts, [policy.offsets[s] for s in slots], policy.spaces)
         policy.step += 1
         now = self.clock()

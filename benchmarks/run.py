@@ -79,6 +79,9 @@ MALLOC_TUNING = {
 GLIBC_DEFAULTS = {"GDRL_BROKER_MALLOC_TUNING": "0"}
 _extra_env: dict[str, str] = dict(MALLOC_TUNING)
 _lean_game_flags: list[str] = []  # ["--dense"]: every observation number non-zero in godot_rl's JSON
+# The native modes' game (broker, in-process, raw, relay): "lean" (benchmarks/lean_game.py, prepared frames, as
+# lean as the plugin game godot_rl is measured with) or "world" (bench_game.py / raw.py: a world that reacts).
+_native_game: list[str] = ["lean"]
 
 
 def python_env() -> dict[str, str]:
@@ -264,8 +267,12 @@ class Run:
                 self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
                 self.wait_event(deadline)
             for i in range(self.config.games):
-                game_args = ["--port", str(port), "--config", config_json, "--game-index", str(i)]
-                self.spawn(f"game-{i}", [py, "-m", "benchmarks.raw", "game", *game_args])
+                if _native_game[0] == "lean":
+                    game_args = ["--raw-port", str(port), "--config", config_json, "--game-index", str(i)]
+                    self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_game", *game_args])
+                else:
+                    game_args = ["--port", str(port), "--config", config_json, "--game-index", str(i)]
+                    self.spawn(f"game-{i}", [py, "-m", "benchmarks.raw", "game", *game_args])
             return 1
         if self.mode == "inprocess":
             trainer = self.spawn(
@@ -330,7 +337,8 @@ class Run:
     def _spawn_games(self, address: str, config_json: str) -> None:
         for i in range(self.config.games):
             args = ["--address", address, "--config", config_json, "--game-index", str(i)]
-            self.spawn(f"game-{i}", [sys.executable, "-m", "benchmarks.bench_game", *args])
+            game = "benchmarks.lean_game" if _native_game[0] == "lean" else "benchmarks.bench_game"
+            self.spawn(f"game-{i}", [sys.executable, "-m", game, *args])
 
     # --- the whole run ---------------------------------------------------------------------------
 
@@ -479,6 +487,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "stepping": STEPPING,
         "environment": dict(_extra_env),
         "lean_game_flags": list(_lean_game_flags),
+        "native_game": _native_game[0],
         "warmup_s": preset.warmup_s,
         "measure_s": preset.measure_s,
         "duration_s": time.monotonic() - started,
@@ -743,7 +752,15 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the lean plugin game fills every observation number (default: the broker modes' values, mostly 0)",
     )
+    parser.add_argument(
+        "--world-game",
+        action="store_true",
+        help="the native modes' game steps a world that reacts to the actions (bench_game.py, raw.py) instead of "
+        "sending prepared frames (lean_game.py, as lean as the plugin game)",
+    )
     args = parser.parse_args(argv)
+    if args.world_game:
+        _native_game[0] = "world"
     if args.dense_json:
         _lean_game_flags.append("--dense")
     if args.glibc_defaults:

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -32,10 +33,12 @@ from benchmarks.configs import (
     BenchConfig,
     BenchWorld,
 )
+from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
 from benchmarks.raw import HEADER, check_same_bytes, step_frame
 from benchmarks.relay import Forwarder
 from benchmarks.run import BROKER_MODES, modes_for
+from broker.protocol.messages import GameStep
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.godot_engine import require_godot
 from tests.helpers import ROOT, python_env, spawn_python
@@ -52,6 +55,31 @@ def test_raw_ceiling_sends_the_protocols_own_step_bytes() -> None:
         frames.add(len(step_frame(world)))
         world.apply({name: {ACTION_KEY: np.full((3, 2), tick / 60, np.float32)} for name in ("p0", "p1")})
     assert len(frames) > 1  # some steps carried final observations
+
+
+def test_lean_native_game_sends_the_worlds_steps_with_each_tick() -> None:
+    """The native modes' lean game sends, at every tick, the protocol's step of the world's phase (stepped with
+    zero actions) with that tick: what the broker decodes is what the world held, episode ends included."""
+    config = BenchConfig(3, "img", 2, 1)
+    frames = StepFrames(config, game_index=1)
+    world = BenchWorld(config, game_index=1)
+    zeros = {name: {ACTION_KEY: np.zeros((3, 2), np.float32)} for name in ("p0", "p1")}
+    finals = 0
+    for tick in (*range(HORIZON), 300, 2**20, 2**31 - 1):
+        frame = bytes(frames.frame(tick))
+        (length,) = HEADER.unpack_from(frame)
+        assert length == len(frame) - HEADER.size
+        step = GameStep.from_wire(msgpack.unpackb(frame[HEADER.size :], raw=False))
+        assert step.tick == tick
+        if tick < HORIZON:
+            expected = world.step_data()
+            for name, data in step.groups.items():
+                assert np.array_equal(data.obs["obs"], expected[name].obs["obs"])
+                assert np.array_equal(data.obs[IMAGE_KEY], expected[name].obs[IMAGE_KEY])
+                assert np.array_equal(data.truncated, expected[name].truncated)
+                finals += data.final_index is not None
+            world.apply(zeros)
+    assert finals  # some phases carry final observations
 
 
 def test_relay_forwards_frames_unchanged() -> None:

@@ -16,10 +16,12 @@ const MAX_RETRY_SEC: float = 2.0
 const MAX_QUEUED_MESSAGES: int = 16
 const MAX_READ_BYTES: int = 1 << 20
 ## Sleep between polls in wait_for_message(), leaving the CPU to the broker and the trainers on the
-## same machine. Whatever it asks, a sleep lasts 100-150 us on Linux (timer slack, the wake-up).
-## Polling without sleeping near the usual answer time was measured: 1.07x on a quiet machine but
-## 0.56x under load (the busy game takes the CPU the broker and the trainer need), so it sleeps.
-const WAIT_POLL_USEC: int = 50
+## same machine: the godot_rl plugin's own value. A sleep lasts more than it asks on Linux
+## (timer slack, the wake-up): 10 us about 100 us, 50 us about 145 us. Polling without sleeping
+## was measured 1.07x on a quiet machine but 0.56x under load (the busy game takes the CPU the
+## broker and the trainer need). At action_repeat 1, speedup 32 (docs/godot_addon.md) 50 us gave
+## BrokerSync 0.94x the plugin's decisions/s over TCP, 10 us 0.99x.
+const WAIT_POLL_USEC: int = 10
 
 var state: State = State.IDLE
 ## Why the connection ended; "" after an orderly close (then see close_reason).

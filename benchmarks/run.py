@@ -10,7 +10,7 @@ StableBaselinesGodotEnv.step serving the lean plugin-protocol game (benchmarks/l
 policies either (a) ``godot_rl_per_policy``: one port and one trainer process per policy, or (a')
 ``godot_rl_one_env``: all agents of all policies in one env; every ``x godot_rl`` ratio is against the faster of
 the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
-clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native benchmark game (GameClient) +
+clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) +
 one BrokerVecEnv process per policy over TCP; (b') ``broker_plugin``: the same serving the
 lean plugin game instead (the broker's godot_rl JSON path); (c) ``broker_unix``: the same over the broker's Unix
 socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,

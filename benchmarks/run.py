@@ -98,8 +98,9 @@ def free_port() -> int:
 
 
 def broker_command() -> list[str]:
-    script = Path(sys.executable).with_name("gdrl-broker")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "broker"]
+    # The module of the tree on PYTHONPATH (the same program as gdrl-broker), so that benchmarks/ab_core.py
+    # can run an older tree, whose entry point lived elsewhere.
+    return [sys.executable, "-m", "broker"]
 
 
 class RunFailed(RuntimeError):

@@ -61,7 +61,9 @@ def run_inprocess(config: BenchConfig, warmup_s: float, measure_s: float) -> Non
     broker = InProcessBroker(expected_games=config.games, status_interval=0, stepping="barrier")
     # The broker's daemon thread: with one policy it runs the loop only while no trainer waits in step_wait
     # (the broker's work on the trainer's thread counts with the trainer's); with several it runs it always.
-    emit({"event": "ready", "port": broker.server.port, "broker_tid": broker.server_thread.native_id})
+    # An older core (benchmarks/ab_core.py) kept its daemon thread as ``_thread``.
+    daemon = broker.server_thread if hasattr(broker, "server_thread") else broker._thread  # type: ignore[attr-defined]
+    emit({"event": "ready", "port": broker.server.port, "broker_tid": daemon.native_id})
 
     def trainer(policy: str, seed: int) -> None:
         env = broker.vec_env(policy, name=f"bench-trainer-{policy}")

@@ -1,0 +1,94 @@
+"""Before/after of the broker itself: this tree against an older commit, the same benchmark on both.
+
+    python -m benchmarks.ab_core --old f74a595 --rounds 6 --preset quick --markdown ab.md
+    python -m benchmarks.ab_core --old f74a595 --rounds 8 --config 400,vec64,2,1 --modes inprocess
+
+The older commit is checked out into a temporary git worktree and this tree's ``benchmarks/`` is laid over it,
+so both run the same games, trainers and ceilings and only the broker and clients differ (issue 18's
+before/after: the old core is f74a595). Rounds alternate the trees in ABBA order, so a machine that changes
+speed within a round is shared; each round runs ``benchmarks.run`` once per tree with ``--repeats 1``. Per
+configuration and mode: the median agent-steps/s of each tree, the median of the paired ratios (after/before,
+the figure to quote) and the median CPU per agent-step of all processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def worktree(old: str, where: Path) -> Path:
+    tree = where / "old"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), old], check=True)
+    shutil.copytree(ROOT / "benchmarks", tree / "benchmarks", dirs_exist_ok=True)
+    return tree
+
+
+def run_once(tree: Path, args: list[str], out: Path) -> list[dict[str, Any]]:
+    command = [sys.executable, "-m", "benchmarks.run", "--repeats", "1", "--out", str(out), *args]
+    env = {"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)}
+    import os
+
+    subprocess.run(command, cwd=tree, env={**os.environ, **env}, check=False, stdout=subprocess.DEVNULL)
+    return list(json.loads(out.read_text())["summary"]) if out.exists() else []
+
+
+def table(rows: dict[tuple[str, str], dict[str, list[float]]]) -> str:
+    lines = [
+        "| configuration | mode | before: median agent-steps/s | after | after/before, median of paired rounds "
+        "| paired ratios | CPU us per agent-step, all processes: before -> after |",
+        "|---|---|---:|---:|---:|---|---|",
+    ]
+    for (label, mode), r in rows.items():
+        pairs = [a / b for a, b in zip(r["after"], r["before"], strict=False) if b > 0]
+        if not pairs:
+            continue
+        lines.append(
+            f"| {label} | {mode} | {statistics.median(r['before']):,.0f} | {statistics.median(r['after']):,.0f} "
+            f"| {statistics.median(pairs):.2f} | {', '.join(f'{p:.2f}' for p in pairs)} "
+            f"| {statistics.median(r['cpu_before']):.3g} -> {statistics.median(r['cpu_after']):.3g} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--old", required=True, help="the commit to compare against (before)")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--markdown", default=None, help="also write the table here")
+    args, passed = parser.parse_known_args(argv)  # the rest goes to benchmarks.run (--preset, --config, --modes)
+    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory(prefix="ab_core-") as tmp:
+        old = worktree(args.old, Path(tmp))
+        try:
+            for round_index in range(args.rounds):
+                order = [("before", old), ("after", ROOT)]
+                if round_index % 2:
+                    order.reverse()
+                for side, tree in order:
+                    for entry in run_once(tree, passed, Path(tmp) / f"{side}-{round_index}.json"):
+                        key = (entry["config"]["label"], entry["mode"])
+                        row = rows.setdefault(key, {"before": [], "after": [], "cpu_before": [], "cpu_after": []})
+                        row[side].append(entry["agent_steps_per_s"])
+                        row[f"cpu_{side}"].append(entry["cpu_us_per_agent_step"]["total"])
+                print(f"round {round_index + 1} of {args.rounds} done", flush=True)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
+    text = table(rows)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -325,3 +325,27 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
     for target in result["targets"]:  # every target of a configuration in the run is measured (never judged here)
         assert (target["ratio"] is not None and target["ratio"] > 0) == (target["config"] in measured), target
     assert "targets:" in proc.stdout and "agent-steps/s" in proc.stdout
+
+
+def test_before_after_harness_runs_both_trees_and_pairs_their_rounds(tmp_path: Path) -> None:
+    """benchmarks.ab_core: the older tree (here HEAD itself, which every checkout has) runs this tree's benchmarks in
+    a temporary worktree; every configuration and mode gets a figure from both trees in every round, paired."""
+    table = tmp_path / "ab.md"
+    args = ["--old", "HEAD", "--rounds", "2", "--config", "2,vec8,1,1", "--modes", "broker_tcp,inprocess"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.ab_core", *args, "--measure", "1", "--markdown", str(table)],
+        cwd=ROOT,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = [line.split(" | ") for line in table.read_text().splitlines()[2:]]
+    assert sorted(row[1] for row in rows) == ["broker_tcp", "inprocess"], table.read_text()
+    for row in rows:
+        before, after = (float(cell.replace(",", "")) for cell in row[2:4])
+        assert before > 0 and after > 0, row
+        assert len(row[5].split(", ")) == 2, row  # one paired ratio per round
+    worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    assert "ab_core-" not in worktrees  # the temporary worktree is gone

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -34,28 +35,37 @@ def worktree(old: str, where: Path) -> Path:
 
 
 def run_once(tree: Path, args: list[str], out: Path) -> list[dict[str, Any]]:
+    """One ``benchmarks.run`` on ``tree``; its summary rows, or none (said on stderr) if the run failed."""
     command = [sys.executable, "-m", "benchmarks.run", "--repeats", "1", "--out", str(out), *args]
-    env = {"PYTHONPATH": str(tree), "PATH": str(Path(sys.executable).parent)}
-    import os
-
-    subprocess.run(command, cwd=tree, env={**os.environ, **env}, check=False, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proc = subprocess.run(command, cwd=tree, env=env, check=False, stdout=subprocess.DEVNULL)
+    if proc.returncode != 0 or not out.exists():
+        print(f"benchmarks.run on {tree} failed (exit {proc.returncode}); this round has no pair", file=sys.stderr)
     return list(json.loads(out.read_text())["summary"]) if out.exists() else []
 
 
-def table(rows: dict[tuple[str, str], dict[str, list[float]]]) -> str:
+# Per configuration and mode, per side ("before", "after"): round -> (agent-steps/s, CPU us per agent-step).
+Rounds = dict[tuple[str, str], dict[str, dict[int, tuple[float, float]]]]
+
+
+def table(rows: Rounds) -> str:
+    """Medians per side, and ratios paired by round: a round one side lacks (a failed run) pairs with nothing."""
     lines = [
         "| configuration | mode | before: median agent-steps/s | after | after/before, median of paired rounds "
         "| paired ratios | CPU us per agent-step, all processes: before -> after |",
         "|---|---|---:|---:|---:|---|---|",
     ]
-    for (label, mode), r in rows.items():
-        pairs = [a / b for a, b in zip(r["after"], r["before"], strict=False) if b > 0]
+    for (label, mode), sides in rows.items():
+        before, after = sides.get("before", {}), sides.get("after", {})
+        pairs = [after[i][0] / before[i][0] for i in sorted(before.keys() & after.keys()) if before[i][0] > 0]
         if not pairs:
             continue
+        speed = {side: statistics.median(v[0] for v in runs.values()) for side, runs in sides.items()}
+        cpu = {side: statistics.median(v[1] for v in runs.values()) for side, runs in sides.items()}
         lines.append(
-            f"| {label} | {mode} | {statistics.median(r['before']):,.0f} | {statistics.median(r['after']):,.0f} "
+            f"| {label} | {mode} | {speed['before']:,.0f} | {speed['after']:,.0f} "
             f"| {statistics.median(pairs):.2f} | {', '.join(f'{p:.2f}' for p in pairs)} "
-            f"| {statistics.median(r['cpu_before']):.3g} -> {statistics.median(r['cpu_after']):.3g} |"
+            f"| {cpu['before']:.3g} -> {cpu['after']:.3g} |"
         )
     return "\n".join(lines)
 
@@ -66,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args, passed = parser.parse_known_args(argv)  # the rest goes to benchmarks.run (--preset, --config, --modes)
-    rows: dict[tuple[str, str], dict[str, list[float]]] = {}
+    rows: Rounds = {}
     with tempfile.TemporaryDirectory(prefix="ab_core-") as tmp:
         old = worktree(args.old, Path(tmp))
         try:
@@ -76,10 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                     order.reverse()
                 for side, tree in order:
                     for entry in run_once(tree, passed, Path(tmp) / f"{side}-{round_index}.json"):
-                        key = (entry["config"]["label"], entry["mode"])
-                        row = rows.setdefault(key, {"before": [], "after": [], "cpu_before": [], "cpu_after": []})
-                        row[side].append(entry["agent_steps_per_s"])
-                        row[f"cpu_{side}"].append(entry["cpu_us_per_agent_step"]["total"])
+                        runs = rows.setdefault((entry["config"]["label"], entry["mode"]), {}).setdefault(side, {})
+                        runs[round_index] = (entry["agent_steps_per_s"], entry["cpu_us_per_agent_step"]["total"])
                 print(f"round {round_index + 1} of {args.rounds} done", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)

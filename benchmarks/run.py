@@ -267,13 +267,14 @@ class Run:
                 relay_args += ["--games", str(self.config.games)]
                 self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
                 self.wait_event(deadline)
+            game = (
+                ["benchmarks.lean_game", "--raw-port"]
+                if _native_game[0] == "lean"
+                else ["benchmarks.raw", "game", "--port"]
+            )
             for i in range(self.config.games):
-                if _native_game[0] == "lean":
-                    game_args = ["--raw-port", str(port), "--config", config_json, "--game-index", str(i)]
-                    self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_game", *game_args])
-                else:
-                    game_args = ["--port", str(port), "--config", config_json, "--game-index", str(i)]
-                    self.spawn(f"game-{i}", [py, "-m", "benchmarks.raw", "game", *game_args])
+                game_args = [str(port), "--config", config_json, "--game-index", str(i)]
+                self.spawn(f"game-{i}", [py, "-m", *game, *game_args])
             return 1
         if self.mode == "inprocess":
             trainer = self.spawn(

@@ -46,6 +46,20 @@ from tests.helpers import ROOT, python_env, spawn_python
 MIDDLE_MODES = (*BROKER_MODES, "relay")  # a process between game and trainer
 
 
+def run_benchmark(module: str, *args: str, timeout: float) -> str:
+    """Run a benchmark program as a user would, from the repository; it must exit 0. Its standard output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
 def test_raw_ceiling_sends_the_protocols_own_step_bytes() -> None:
     """The ceiling is only a ceiling if it moves the same bytes: episode ends (final obs) included."""
     world = BenchWorld(BenchConfig(3, "img", 2, 1), game_index=1)
@@ -287,15 +301,7 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
     args = ["--preset", preset_name, "--out", str(out), "--timeout", "150"]
     if modes == "all":
         args += ["--modes", "all"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.run", *args],
-        cwd=ROOT,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    stdout = run_benchmark("benchmarks.run", *args, timeout=900)
     result = json.loads(out.read_text())
     preset = PRESETS[preset_name]
     modes_run = list(MODES) if modes == "all" else [m for m in MODES if m != "godot_rl_emulator"]
@@ -324,7 +330,7 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
     measured = {config.label for config in preset.configs}
     for target in result["targets"]:  # every target of a configuration in the run is measured (never judged here)
         assert (target["ratio"] is not None and target["ratio"] > 0) == (target["config"] in measured), target
-    assert "targets:" in proc.stdout and "agent-steps/s" in proc.stdout
+    assert "targets:" in stdout and "agent-steps/s" in stdout
 
 
 def test_before_after_harness_runs_both_trees_and_pairs_their_rounds(tmp_path: Path) -> None:
@@ -332,15 +338,7 @@ def test_before_after_harness_runs_both_trees_and_pairs_their_rounds(tmp_path: P
     a temporary worktree; every configuration and mode gets a figure from both trees in every round, paired."""
     table = tmp_path / "ab.md"
     args = ["--old", "HEAD", "--rounds", "2", "--config", "2,vec8,1,1", "--modes", "broker_tcp,inprocess"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.ab_core", *args, "--measure", "1", "--markdown", str(table)],
-        cwd=ROOT,
-        env=python_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run_benchmark("benchmarks.ab_core", *args, "--measure", "1", "--markdown", str(table), timeout=600)
     rows = [line.split(" | ") for line in table.read_text().splitlines()[2:]]
     assert sorted(row[1] for row in rows) == ["broker_tcp", "inprocess"], table.read_text()
     for row in rows:

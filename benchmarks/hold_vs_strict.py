@@ -347,7 +347,9 @@ def evaluation_envs(agents: int, game_seeds: tuple[int, ...] = EVAL_GAME_SEEDS) 
     from clients.inprocess import InProcessBroker
 
     envs: dict[str, Any] = {}
-    with InProcessBroker(expected_games=len(game_seeds), stepping="barrier", status_interval=0) as broker:
+    with InProcessBroker(
+        expected_games=len(game_seeds), stepping="barrier", status_interval=0, local_trainers=len(POLICIES)
+    ) as broker:
         games = [
             threading.Thread(
                 target=play_evaluation_game,

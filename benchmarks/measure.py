@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +68,17 @@ class Meter:
         }
 
 
+_EMITTING = threading.Lock()
+
+
 def emit(event: dict[str, Any]) -> None:
-    """Report to the orchestrator: one JSON line on stdout."""
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
+    """Report to the orchestrator: one JSON line on stdout. One writer at a time: the in-process trainers
+    (a thread per policy) end their windows in the same lock-step, and two lines written at once can
+    interleave, so the orchestrator would find neither."""
+    line = json.dumps(event) + "\n"
+    with _EMITTING:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 @dataclass

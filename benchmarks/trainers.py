@@ -58,7 +58,11 @@ def run_broker(address: str, policy: str, warmup_s: float, measure_s: float) -> 
 def run_inprocess(config: BenchConfig, warmup_s: float, measure_s: float) -> None:
     from clients.inprocess import InProcessBroker
 
-    broker = InProcessBroker(expected_games=config.games, status_interval=0, stepping="barrier")
+    settings: dict[str, Any] = {"expected_games": config.games, "status_interval": 0, "stepping": "barrier"}
+    try:  # one VecEnv per policy in this process, as a user training them all here would say
+        broker = InProcessBroker(**settings, local_trainers=len(config.policy_names))
+    except TypeError:  # an older core (benchmarks/ab_core.py) has no such choice
+        broker = InProcessBroker(**settings)
     # The broker's daemon thread: with one policy it runs the loop only while no trainer waits in step_wait
     # (the broker's work on the trainer's thread counts with the trainer's); with several it runs it always.
     # An older core (benchmarks/ab_core.py) kept its daemon thread as ``_thread``.

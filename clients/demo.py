@@ -85,7 +85,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     random_reward: dict[str, float | None] = {p: None for p in POLICIES}
     interrupted = False
     try:
-        with InProcessBroker(expected_games=args.games, port=args.port, status_interval=0) as broker:
+        with InProcessBroker(
+            expected_games=args.games, port=args.port, status_interval=0, local_trainers=len(POLICIES)
+        ) as broker:
             print(f"demo: broker listening on {broker.address}", flush=True)
             games = [_start_game(broker.address, args, i, out) for i in range(args.games)]
             try:

@@ -1,8 +1,8 @@
 """The broker inside the trainer's own process: games still connect over its port, and trainers here
 exchange messages with the hub through bounded inboxes, no socket. A single VecEnv waiting in ``step_wait`` runs
 the broker's event loop on its own thread until its batch is complete (no thread hop); with several VecEnvs
-(one per policy, each on its own thread if you like), and while none waits (a PPO update), the broker's
-daemon thread serves the games.
+(one per policy, each on its own thread if you like; say so with ``local_trainers``), and while none waits (a
+PPO update), the broker's daemon thread serves the games.
 
 Only the broker's public server API is used (``broker.server``: ``ServerThread``, ``attach_trainer``)."""
 
@@ -22,11 +22,16 @@ T = TypeVar("T")
 
 
 class InProcessBroker:
-    """``with InProcessBroker(expected_games=2) as broker: env = broker.vec_env("player")``."""
+    """``with InProcessBroker(expected_games=2) as broker: env = broker.vec_env("player")``.
 
-    def __init__(self, config: ServerConfig | None = None, **overrides: Any) -> None:
+    ``local_trainers`` is how many VecEnvs this program will take from it at once: with one (the default), that
+    VecEnv's thread runs the broker's loop while it waits, no thread hop; with several policies trained here
+    (``local_trainers=2``), or none (trainers connect over the port), the broker's own thread runs it on uvloop,
+    which serves them faster. Any number works either way; only the speed differs."""
+
+    def __init__(self, config: ServerConfig | None = None, *, local_trainers: int = 1, **overrides: Any) -> None:
         self.config = config or ServerConfig(**{"port": 0, **overrides})
-        self.server_thread = ServerThread(self.config)
+        self.server_thread = ServerThread(self.config, local_trainers=local_trainers)
         self.server = self.server_thread.server
         self.loop = self.server_thread.loop
 

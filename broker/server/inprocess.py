@@ -5,15 +5,23 @@ that needs it (games still connect over its port), and trainers attached to its 
 to the hub, ``recv`` returns the next message the hub sent, ``close`` leaves. The hub sees an ordinary
 trainer whose link is a bounded inbox. Peers use these through ``clients.inprocess.InProcessBroker``.
 
-Who runs the loop: a trainer alone waiting in ``recv`` runs it on its own thread until the hub has sent it a
-message, so a game's step reaches the policy with no thread hop (as in godot_rl). One thread runs the loop at
-a time (the *driver*). With several trainers attached the daemon thread runs it for all of them (one thread
-hop each way), since handing the loop between their threads every step costs more. While no trainer waits
-(between rollouts, during a policy update) the ``ServerThread``'s own daemon thread runs the loop, once it has
-been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer that waits; so games, hold deadlines
-and new connections are served at most that much later than by a loop on a thread of its own. A trainer whose
-thread already runs another event loop (a notebook) cannot run this one: its ``recv`` has the daemon thread
-run it and waits on its inbox, one thread hop as before.
+Who runs the loop is chosen when the server starts, from ``local_trainers``, the number of trainers the
+program will attach here:
+
+* **One** (the default; a single SB3 model, as godot_rl users train): the trainer waiting in ``recv`` runs the
+  loop on its own thread until the hub has sent it a message, so a game's step reaches the policy with no
+  thread hop (as in godot_rl). One thread runs the loop at a time (the *driver*). While no trainer waits
+  (between rollouts, during a policy update) the ``ServerThread``'s own daemon thread runs the loop, once it
+  has been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer that waits; so games, hold
+  deadlines and new connections are served at most that much later than by a loop on a thread of its own.
+  The loop is the standard asyncio one, since it is started and stopped every step, which costs more with
+  uvloop (docs/performance.md, "Eighth round"). Should more trainers attach after all, the daemon thread runs
+  the loop for all of them (one thread hop each way), since handing it between their threads costs more.
+  A trainer whose thread already runs another event loop (a notebook) cannot run this one: its ``recv`` has
+  the daemon thread run it and waits on its inbox, one thread hop as before.
+* **None or several** (several policies trained in one process, or the broker serving trainers over
+  sockets only): the daemon thread runs a uvloop loop the whole time, as ``gdrl-broker serve`` does, and each
+  trainer hands its actions to it and waits on its inbox (one thread hop each way).
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from typing import Any, TypeVar
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
-from broker.server.server import BrokerServer
+from broker.server.server import BrokerServer, new_event_loop
 
 INBOX_LIMIT = 64  # messages queued for one in-process trainer; lock-step needs a handful
 CALL_TIMEOUT_S = 30.0  # a call onto the loop that takes longer means the loop is stuck
@@ -50,12 +58,14 @@ class ServerThread:
     """A ``BrokerServer`` listening in this process; its loop is run by waiting trainers, else by a daemon
     thread; ``close()`` shuts it down."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, local_trainers: int = 1) -> None:
         self.config = config
         self.server = BrokerServer(config)
-        # The standard loop, not uvloop: trainers start and stop the loop every step, and a uvloop run on the
-        # main thread sets up signal handling each time (a socketpair, ~35 us more per step).
-        self.loop = asyncio.new_event_loop()
+        # A trainer here may run the loop only when one is expected (the module's docstring says why): then the
+        # standard loop, which starts and stops cheaply every step (a uvloop run also sets up signal handling
+        # on the main thread each time); else uvloop, run by the daemon thread alone.
+        self.trainers_drive = local_trainers == 1
+        self.loop = asyncio.new_event_loop() if self.trainers_drive else new_event_loop()
         self.closed = False
         self._state = threading.Condition(threading.Lock())  # guards the fields below
         self._driver: object | None = self  # who runs the loop: a trainer's _HubSide, self (daemon), None
@@ -97,7 +107,7 @@ class ServerThread:
             while not self._stopping:
                 if self._driver is None:
                     idle = time.monotonic() - self._idle_since
-                    if self._hop_wanted or idle >= FALLBACK_GRACE_S:
+                    if self._hop_wanted or idle >= FALLBACK_GRACE_S or not self.trainers_drive:
                         self._driver = self
                         return True
                     self._state.wait(FALLBACK_GRACE_S - idle)
@@ -109,7 +119,10 @@ class ServerThread:
 
     def claim(self, side: _HubSide, wait: bool) -> bool:
         """Make ``side``'s thread the one running the loop, if nobody does. Otherwise, with ``wait``,
-        register ``side`` for a WAKE when the loop is free, and ask the daemon thread to hand it over."""
+        register ``side`` for a WAKE when the loop is free, and ask the daemon thread to hand it over. Never
+        when the daemon thread alone runs the loop."""
+        if not self.trainers_drive:
+            return False
         with self._state:
             if self._driver is None:
                 self._driver = side
@@ -157,11 +170,11 @@ class ServerThread:
             self.stop_run()
 
     def can_run_loop(self) -> bool:
-        """This thread may run the loop: it is open, no other event loop runs on this thread, and it is the
-        only trainer attached. With several, the daemon thread runs the loop for all of them: handing it
-        from one trainer's thread to the next every step (wake-ups, a restart of the loop, the GIL passed
-        back and forth) costs more than the one thread hop (docs/performance.md, "Fifth round")."""
-        if self.loop.is_closed() or self._stopping or len(self._sides) > 1:
+        """This thread may run the loop: trainers may, it is open, no other event loop runs on this thread,
+        and it is the only trainer attached. With several, the daemon thread runs the loop for all of them:
+        handing it from one trainer's thread to the next every step (wake-ups, a restart of the loop, the GIL
+        passed back and forth) costs more than the one thread hop (docs/performance.md, "Fifth round")."""
+        if not self.trainers_drive or self.loop.is_closed() or self._stopping or len(self._sides) > 1:
             return False
         return asyncio._get_running_loop() is None
 
@@ -280,7 +293,9 @@ class InProcessTrainer:
         server = self._server
         if server.loop.is_closed():
             return
-        if server.claim(self._side, wait=False):  # nobody runs the loop: the next one to run it delivers
+        if not server.trainers_drive:  # the daemon thread runs the loop all the time
+            server.loop.call_soon_threadsafe(self._deliver, message)
+        elif server.claim(self._side, wait=False):  # nobody runs the loop: the next one to run it delivers
             try:
                 server.loop.call_soon(self._deliver, message)
             finally:
@@ -308,6 +323,8 @@ class InProcessTrainer:
             if not server.can_run_loop():
                 if server.loop.is_closed():
                     return Close("the in-process broker is closed")
+                if not server.trainers_drive:
+                    return self._recv_from_inbox()
                 return self._recv_from_daemon()
             if server.claim(side, wait=True):
                 try:
@@ -334,14 +351,17 @@ class InProcessTrainer:
     def _recv_from_daemon(self) -> Message:
         self._server.want_daemon(+1)
         try:
-            while True:
-                message = self._take(block=True)
-                if message is not None:
-                    return message
-                if self._server.loop.is_closed():
-                    return Close("the in-process broker is closed")
+            return self._recv_from_inbox()
         finally:
             self._server.want_daemon(-1)
+
+    def _recv_from_inbox(self) -> Message:
+        while True:
+            message = self._take(block=True)
+            if message is not None:
+                return message
+            if self._server.loop.is_closed():
+                return Close("the in-process broker is closed")
 
     def _take(self, block: bool) -> Message | None:
         """The next message in the inbox, skipping WAKEs; None if there is none (not blocking) or on a WAKE."""

@@ -44,16 +44,17 @@ def run_once(tree: Path, args: list[str], out: Path) -> list[dict[str, Any]]:
     return list(json.loads(out.read_text())["summary"]) if out.exists() else []
 
 
-# Per configuration and mode, per side ("before", "after"): round -> (agent-steps/s, CPU us per agent-step).
-Rounds = dict[tuple[str, str], dict[str, dict[int, tuple[float, float]]]]
+# Per configuration and mode, per side ("before", "after"): round -> (agent-steps/s, CPU us per agent-step of
+# all processes, of the middle: the broker process, or in-process the broker's loop thread).
+Rounds = dict[tuple[str, str], dict[str, dict[int, tuple[float, float, float]]]]
 
 
 def table(rows: Rounds) -> str:
     """Medians per side, and ratios paired by round: a round one side lacks (a failed run) pairs with nothing."""
     lines = [
         "| configuration | mode | before: median agent-steps/s | after | after/before, median of paired rounds "
-        "| paired ratios | CPU us per agent-step, all processes: before -> after |",
-        "|---|---|---:|---:|---:|---|---|",
+        "| paired ratios | CPU us per agent-step, all processes: before -> after | of them the broker's |",
+        "|---|---|---:|---:|---:|---|---|---|",
     ]
     for (label, mode), sides in rows.items():
         before, after = sides.get("before", {}), sides.get("after", {})
@@ -62,10 +63,11 @@ def table(rows: Rounds) -> str:
             continue
         speed = {side: statistics.median(v[0] for v in runs.values()) for side, runs in sides.items()}
         cpu = {side: statistics.median(v[1] for v in runs.values()) for side, runs in sides.items()}
+        broker = {side: statistics.median(v[2] for v in runs.values()) for side, runs in sides.items()}
         lines.append(
             f"| {label} | {mode} | {speed['before']:,.0f} | {speed['after']:,.0f} "
             f"| {statistics.median(pairs):.2f} | {', '.join(f'{p:.2f}' for p in pairs)} "
-            f"| {cpu['before']:.3g} -> {cpu['after']:.3g} |"
+            f"| {cpu['before']:.3g} -> {cpu['after']:.3g} | {broker['before']:.3g} -> {broker['after']:.3g} |"
         )
     return "\n".join(lines)
 
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 for side, tree in order:
                     for entry in run_once(tree, passed, Path(tmp) / f"{side}-{round_index}.json"):
                         runs = rows.setdefault((entry["config"]["label"], entry["mode"]), {}).setdefault(side, {})
-                        runs[round_index] = (entry["agent_steps_per_s"], entry["cpu_us_per_agent_step"]["total"])
+                        cpu = entry["cpu_us_per_agent_step"]
+                        runs[round_index] = (entry["agent_steps_per_s"], cpu["total"], cpu["middle"])
                 print(f"round {round_index + 1} of {args.rounds} done", flush=True)
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)

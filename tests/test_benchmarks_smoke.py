@@ -347,3 +347,24 @@ def test_before_after_harness_runs_both_trees_and_pairs_their_rounds(tmp_path: P
         assert len(row[5].split(", ")) == 2, row  # one paired ratio per round
     worktrees = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
     assert "ab_core-" not in worktrees  # the temporary worktree is gone
+
+
+def test_trainers_in_one_process_report_whole_lines() -> None:
+    """In-process trainers (a thread per policy) end their windows together; each report must still reach the
+    orchestrator as a whole JSON line, or it waits for a result that never parses."""
+    program = (
+        "import threading\n"
+        "from benchmarks.measure import emit\n"
+        "def report(who):\n"
+        "    for i in range(300):\n"
+        "        emit({'event': 'result', 'who': who, 'i': i, 'pad': 'x' * 20000})\n"
+        "threads = [threading.Thread(target=report, args=(w,)) for w in ('p0', 'p1')]\n"
+        "[t.start() for t in threads]\n"
+        "[t.join() for t in threads]\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=python_env(), cwd=ROOT, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert sorted((e["who"], e["i"]) for e in events) == sorted((w, i) for w in ("p0", "p1") for i in range(300))

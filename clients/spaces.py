@@ -190,7 +190,8 @@ class ActionCodec:
         for i, (key, space) in enumerate(self.policy.action):
             block = columns[:, self.bounds[i] : self.bounds[i + 1]]
             if isinstance(space, ContinuousAction):
-                out[key] = np.clip(block, -1.0, 1.0).astype(np.float32)
+                # maximum/minimum: np.clip's result, for half its cost on the small arrays of a step
+                out[key] = np.minimum(np.maximum(block, -1.0), 1.0).astype(np.float32, copy=False)
             elif isinstance(space, DiscreteAction):
                 flat = block[:, 0]
                 if self.continuous:  # one Box column per binary key: > 0 means choice 1 (godot_rl's rule)

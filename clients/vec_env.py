@@ -208,8 +208,8 @@ class BrokerVecEnv(VecEnv):
             infos = [{"TimeLimit.truncated": t, "frames": f} for t, f in zip(time_limit, frames, strict=True)]
         for row, info in data.infos.items():
             infos[row].update(info)
-        done_rows = np.flatnonzero(dones)
-        if len(done_rows):
+        if np.count_nonzero(dones):  # most steps end no episode: the count is cheaper than the rows
+            done_rows = np.flatnonzero(dones)
             # Only the ended rows are copied (a writable row each), straight from the wire arrays.
             finals: dict[int, int] = {}
             if data.final_index is not None and data.final_obs is not None:

@@ -96,6 +96,8 @@ class SlotAccumulator:
 
     def step_data(self, with_frames: bool) -> StepData:
         first = self._first
+        if first is not None and not with_frames:
+            return first  # immutable: the tick as it came is the transition
         if first is not None:
             frames = np.ones(first.n_rows, np.int32) if with_frames else None
             return StepData.unchecked(
@@ -127,7 +129,7 @@ def _as_is(step: StepData) -> bool:
     """``step`` can be delivered unchanged as a one-tick accumulation: no row both terminated and truncated,
     and every ended row's final observation given by the game (exactly those rows)."""
     ended = step.terminated | step.truncated
-    if not ended.any():
+    if not np.count_nonzero(ended):  # cheaper than ended.any() on a step's small arrays
         return step.final_index is None or len(step.final_index) == 0  # an empty or absent final block
     index = step.final_index
     if index is None or step.final_obs is None or (step.terminated & step.truncated).any():

@@ -150,7 +150,7 @@ class Hub:
         return self.sessions.get(peer)
 
     def games_connected(self) -> int:
-        return sum(1 for s in self.slots if s.game is not None)
+        return len(self.slots) - [s.game for s in self.slots].count(None)
 
     def stalls(self, min_wait_s: float = STALL_REPORT_S) -> dict[str, Stall]:
         """Policies that games have waited on, with no deadline, for ``min_wait_s`` or more."""

@@ -37,10 +37,11 @@ class GameSession:
     last_reply_at: float = float("-inf")  # when the game last got actions (idle pacing)
     # group -> the PolicyState its steps go to: the hub's, or a sampler's for a claimed game (broker/core/claims.py)
     policies: dict[str, PolicyState] = field(default_factory=dict)
+    # Named in every step's checks (for their errors): built once, from what never changes in a session.
+    label: str = field(init=False)
 
-    @property
-    def label(self) -> str:
-        return f"game {self.slot} ({self.name or self.peer.label})"
+    def __post_init__(self) -> None:
+        self.label = f"game {self.slot} ({self.name or self.peer.label})"
 
     @property
     def link(self) -> Peer:

@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("gdrl.hub")
 
 
-def waiting_reason(hub: Hub, policy: str) -> str:
-    connected = hub.games_connected()
+def waiting_reason(hub: Hub, policy: str, connected: int) -> str:
     if connected < hub.expected_games:
         return f"waiting for games: {connected}/{hub.expected_games}"
     if policy not in hub.policies:
@@ -31,7 +30,7 @@ def waiting_reason(hub: Hub, policy: str) -> str:
 def waiting_notice(hub: Hub, trainer: TrainerSession) -> list[Effect]:
     """Tell ``trainer`` what it waits for, unless it was told exactly that last time."""
     connected = hub.games_connected()
-    reason = waiting_reason(hub, trainer.policy)
+    reason = waiting_reason(hub, trainer.policy, connected)
     if trainer.last_waiting == (connected, reason):
         return []
     trainer.last_waiting = (connected, reason)
@@ -114,7 +113,7 @@ def policies_status(hub: Hub) -> dict[str, dict[str, Any]]:
         if trainer is None:
             state = "no trainer"
         elif policy is None or policy.trainer is not trainer:
-            state = waiting_reason(hub, name)
+            state = waiting_reason(hub, name, hub.games_connected())
         elif name in stalls:
             state = f"stalled: {stalls[name].reason}"
         else:

@@ -281,7 +281,8 @@ class GroupSpec:
 def check_finite(array: np.ndarray, what: str, code: ErrorCode) -> None:
     """The broker's one rule for NaN and infinities: refused in observations, rewards and continuous
     actions on every path (native and godot_rl JSON), since a trainer that learns from them diverges."""
-    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+    # count_nonzero: a fraction of ``.all()``'s call overhead on the small arrays of most steps, as fast on large
+    if array.dtype.kind == "f" and array.size and np.count_nonzero(np.isfinite(array)) != array.size:
         raise RemoteProtocolError(code, f"{what}: values must be finite (no NaN or infinity)")
 
 

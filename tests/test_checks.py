@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from broker.protocol.checks import canonical_actions, check_actions, check_step
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import GameStep, StepData, TrainerAct
-from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, GroupSpec, PolicySpaces
+from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, GroupSpec, PolicySpaces, check_finite
 
 RED = PolicySpaces((("obs", BoxSpace((3,), "float32", -10, 10)),), (("move", ContinuousAction(2)),))
 BLUE = PolicySpaces((("obs", BoxSpace((1,), "float32", -10, 10)),), (("pick", DiscreteAction(4)),))
@@ -134,3 +134,18 @@ def test_fuzzed_actions_pass_as_canonical_or_are_refused_with_bad_actions(action
     else:
         assert list(checked) == ["pick"] and checked["pick"].dtype == np.int32 and checked["pick"].shape == (2,)
         assert ((checked["pick"] >= 0) & (checked["pick"] < 4)).all()
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096, 4097, 30000])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_finite_check_refuses_every_nan_and_infinity_and_no_finite_value(size: int, dtype: Any) -> None:
+    """The largest finite values pass; one NaN, one infinity, or +inf beside -inf anywhere is refused."""
+    big = np.full(size, np.finfo(dtype).max, dtype)
+    check_finite(big, "obs", ErrorCode.BAD_STEP)
+    check_finite(np.zeros((size, 0), dtype), "obs", ErrorCode.BAD_STEP)  # no values at all
+    for bad in ([np.nan], [np.inf], [-np.inf], [np.inf, -np.inf]):
+        array = np.zeros(size + len(bad) - 1, dtype)
+        array[-len(bad) :] = bad
+        with pytest.raises(RemoteProtocolError) as err:
+            check_finite(array.reshape(-1, 1), "obs", ErrorCode.BAD_STEP)
+        assert err.value.code is ErrorCode.BAD_STEP and "finite" in err.value.message

@@ -128,4 +128,5 @@ class PolicyState:
         return self.open.batch if self.open else None
 
     def record_response(self, seconds: float) -> None:
-        self.responses.add(seconds)
+        if self.options.adapts:  # only an adaptive deadline reads them: no bookkeeping per answer otherwise
+            self.responses.add(seconds)

@@ -35,6 +35,11 @@ class StepOptions:
     deadline_ms: float | None = None
     hold_action: str = "repeat"
 
+    @property
+    def adapts(self) -> bool:
+        """The deadline follows the trainer's answer times (hold mode, no deadline given)."""
+        return self.mode == "hold" and self.deadline_ms is None
+
     def deadline_s(self, typical_response_s: float) -> float | None:
         """Seconds a game waits for this policy's actions; None: no limit. An explicit deadline is kept as
         given. The hold default adapts: a trainer that always needs, say, 30 ms to turn a large batch around
@@ -42,7 +47,7 @@ class StepOptions:
         is the larger of 20 ms and a few typical answers (``HOLD_DEADLINE_DEFAULT_TEXT``)."""
         if self.deadline_ms is not None:
             return self.deadline_ms / 1000.0
-        if self.mode != "hold":
+        if not self.adapts:
             return None
         adaptive = min(RESPONSE_MARGIN * typical_response_s, MAX_ADAPTIVE_DEADLINE_MS / 1000.0)
         return max(DEFAULT_HOLD_DEADLINE_MS / 1000.0, adaptive)

@@ -33,8 +33,10 @@ MODES: Final = (
     "inprocess",
     "raw",
     "relay",
+    "relay_asyncio",
 )
-DEFAULT_MODES: Final = tuple(m for m in MODES if m != "godot_rl_emulator")
+# Not run by default: the old baseline, and the asyncio relay (a diagnosis: what the event loop costs).
+DEFAULT_MODES: Final = tuple(m for m in MODES if m not in ("godot_rl_emulator", "relay_asyncio"))
 MODE_TITLES: Final = {
     "godot_rl_per_policy": "(a) godot_rl, one port and one trainer process per policy, lean plugin game",
     "godot_rl_one_env": "(a') godot_rl, all agents of all policies in one env, lean plugin game",
@@ -45,6 +47,7 @@ MODE_TITLES: Final = {
     "inprocess": "(d) in-process VecEnv",
     "raw": "(e) raw one-hop ceiling",
     "relay": "(f) two-hop ceiling: raw frames through a relay that does nothing else",
+    "relay_asyncio": "(f') two-hop ceiling through a uvloop asyncio relay: an asyncio broker's least cost",
 }
 
 

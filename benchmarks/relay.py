@@ -8,14 +8,24 @@ step frame and write it on to the trainer, read every actions frame and write it
 whole (header, then body) into one preallocated buffer and written with one ``sendall``; nothing is decoded.
 Any broker must do at least this per step, so raw (one hop) and relay (two hops) bracket what a broker can
 reach.
+
+    python -m benchmarks.relay --port A --trainer-port B --games G --asyncio     (mode relay_asyncio)
+
+``--asyncio`` forwards the same frames from a uvloop event loop instead, as the broker's server reads and
+writes: one ``asyncio.Protocol`` per socket, each frame written whole with one ``transport.write``. It is
+what an asyncio broker costs at least, so the broker's distance from it is its own work per message, not the
+event loop's.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
 import struct
-from typing import Final
+from typing import Final, cast
+
+import uvloop
 
 from benchmarks.measure import emit
 from benchmarks.raw import connect_retry
@@ -57,7 +67,8 @@ def nodelay(sock: socket.socket) -> socket.socket:
     return sock
 
 
-def run(port: int, trainer_port: int, games: int) -> None:
+def connect_pairs(port: int, trainer_port: int, games: int) -> list[tuple[socket.socket, socket.socket]]:
+    """Each game's connection, and the relay's own one to the trainer for it, in the order games come."""
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
@@ -69,6 +80,62 @@ def run(port: int, trainer_port: int, games: int) -> None:
         game, _ = listener.accept()
         pairs.append((nodelay(game), nodelay(connect_retry(trainer_port))))
     listener.close()
+    return pairs
+
+
+class FrameRelay(asyncio.Protocol):
+    """One side of a pair: whole frames from this socket are written to the other side's transport."""
+
+    def __init__(self, lost: asyncio.Future[None]) -> None:
+        self.lost = lost
+        self.other: FrameRelay | None = None
+        self.transport: asyncio.Transport | None = None
+        self.pending = bytearray()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is one, without subclassing it
+
+    def data_received(self, data: bytes) -> None:
+        if self.other is None or self.other.transport is None:  # before the pair is joined: kept until then
+            self.pending += data
+            return
+        out = self.other.transport
+        if not self.pending and len(data) >= HEADER.size and HEADER.unpack_from(data)[0] + HEADER.size == len(data):
+            out.write(data)  # the usual case: one read, one whole frame
+            return
+        pending = self.pending
+        pending += data
+        while len(pending) >= HEADER.size:
+            total = HEADER.size + HEADER.unpack_from(pending)[0]
+            if len(pending) < total:
+                break
+            out.write(bytes(pending[:total]))
+            del pending[:total]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+
+async def _relay_asyncio(pairs: list[tuple[socket.socket, socket.socket]]) -> None:
+    loop = asyncio.get_running_loop()
+    lost: asyncio.Future[None] = loop.create_future()
+    for game, trainer in pairs:
+        game.setblocking(False)
+        trainer.setblocking(False)
+        _, game_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), game)
+        _, trainer_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), trainer)
+        game_side.other, trainer_side.other = trainer_side, game_side
+        game_side.data_received(b"")  # anything the game sent meanwhile
+    await lost  # one peer gone: the measurement is over
+
+
+def run_asyncio(port: int, trainer_port: int, games: int) -> None:
+    uvloop.run(_relay_asyncio(connect_pairs(port, trainer_port, games)))
+
+
+def run(port: int, trainer_port: int, games: int) -> None:
+    pairs = connect_pairs(port, trainer_port, games)
     forwarder = Forwarder()
     try:
         while True:
@@ -89,8 +156,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True, help="where the games connect")
     parser.add_argument("--trainer-port", type=int, required=True, help="where the raw trainer listens")
     parser.add_argument("--games", type=int, default=1)
+    parser.add_argument("--asyncio", action="store_true", help="forward from a uvloop event loop (relay_asyncio)")
     args = parser.parse_args()
-    run(args.port, args.trainer_port, args.games)
+    (run_asyncio if args.asyncio else run)(args.port, args.trainer_port, args.games)
 
 
 if __name__ == "__main__":

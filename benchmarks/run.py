@@ -16,7 +16,8 @@ lean plugin game instead (the broker's godot_rl JSON path); (c) ``broker_unix``:
 socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
 games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly (the
 one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards them and does
-nothing else (the two-hop ceiling, the limit of any broker).
+nothing else (the two-hop ceiling, the limit of any broker); (f') ``relay_asyncio`` (not run by default): the
+same relay on a uvloop event loop, as the broker's server reads and writes (what an asyncio broker costs at least).
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """
@@ -253,7 +254,7 @@ class Run:
             return 1
         if self.mode in GODOT_RL_MODES:
             return self._start_godot_rl(config_json, timing)
-        if self.mode in ("raw", "relay"):
+        if self.mode in ("raw", "relay", "relay_asyncio"):
             trainer_port = free_port()
             self.spawn(
                 "trainer",
@@ -261,10 +262,11 @@ class Run:
             )
             self.wait_event(deadline)
             port = trainer_port
-            if self.mode == "relay":
+            if self.mode != "raw":
                 port = free_port()
                 relay_args = ["--port", str(port), "--trainer-port", str(trainer_port)]
                 relay_args += ["--games", str(self.config.games)]
+                relay_args += ["--asyncio"] if self.mode == "relay_asyncio" else []
                 self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
                 self.wait_event(deadline)
             game = (

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pytest
 
 from benchmarks.configs import (
     ACTION_KEY,
+    DEFAULT_MODES,
     GODOT_RL_MODES,
     HORIZON,
     IMAGE_KEY,
@@ -36,14 +38,14 @@ from benchmarks.configs import (
 from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
 from benchmarks.raw import HEADER, check_same_bytes, step_frame
-from benchmarks.relay import Forwarder
+from benchmarks.relay import Forwarder, run_asyncio
 from benchmarks.run import BROKER_MODES, modes_for
 from broker.protocol.messages import GameStep
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.godot_engine import require_godot
 from tests.helpers import ROOT, python_env, spawn_python
 
-MIDDLE_MODES = (*BROKER_MODES, "relay")  # a process between game and trainer
+MIDDLE_MODES = (*BROKER_MODES, "relay", "relay_asyncio")  # a process between game and trainer
 
 
 def run_benchmark(module: str, *args: str, timeout: float) -> str:
@@ -111,6 +113,49 @@ def test_relay_forwards_frames_unchanged() -> None:
         while len(received) < len(expected):
             received += trainer.recv(1 << 16)
     assert received == expected
+
+
+def test_asyncio_relay_forwards_frames_unchanged_both_ways() -> None:
+    """The asyncio two-hop ceiling (relay_asyncio) moves whole frames unchanged in both directions: frames that
+    come split over reads, several in one read, and one sent before the relay has joined the pair."""
+    trainer_listener = socket.create_server(("127.0.0.1", 0))
+    trainer_port = trainer_listener.getsockname()[1]
+    port = free_port()
+    relay = threading.Thread(target=run_asyncio, args=(port, trainer_port, 1), daemon=True)
+    relay.start()
+    game = _connect_when_listening(port)
+    frames = [HEADER.pack(len(body)) + body for body in (b"x", bytes(range(256)) * 400, b"", b"tail")]
+    expected = b"".join(frames)
+    with game, trainer_listener:
+        game.sendall(frames[0])  # possibly before the relay joins the pair
+        trainer, _ = trainer_listener.accept()
+        with trainer:
+            trainer.settimeout(10)
+            game.sendall(expected[len(frames[0]) : 1000])  # a frame split over writes, then the rest at once
+            time.sleep(0.05)
+            game.sendall(expected[1000:])
+            received = b""
+            while len(received) < len(expected):
+                received += trainer.recv(1 << 16)
+            assert received == expected
+            trainer.sendall(expected)  # and back
+            back = b""
+            while len(back) < len(expected):
+                back += game.recv(1 << 16)
+            assert back == expected
+    relay.join(timeout=10)
+    assert not relay.is_alive()  # a peer gone ends the relay
+
+
+def _connect_when_listening(port: int, timeout: float = 10.0) -> socket.socket:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def free_port() -> int:
@@ -304,7 +349,7 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
     stdout = run_benchmark("benchmarks.run", *args, timeout=900)
     result = json.loads(out.read_text())
     preset = PRESETS[preset_name]
-    modes_run = list(MODES) if modes == "all" else [m for m in MODES if m != "godot_rl_emulator"]
+    modes_run = list(MODES) if modes == "all" else list(DEFAULT_MODES)
     assert {(row["config"]["label"], row["mode"]) for row in result["summary"]} == {
         (config.label, mode) for config in preset.configs for mode in modes_for(config, modes_run)
     }

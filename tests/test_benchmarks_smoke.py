@@ -37,7 +37,7 @@ from benchmarks.configs import (
 )
 from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
-from benchmarks.raw import HEADER, check_same_bytes, step_frame
+from benchmarks.raw import HEADER, check_same_bytes, connect_retry, step_frame
 from benchmarks.relay import Forwarder, run_asyncio
 from benchmarks.run import BROKER_MODES, modes_for
 from broker.protocol.messages import GameStep
@@ -123,7 +123,7 @@ def test_asyncio_relay_forwards_frames_unchanged_both_ways() -> None:
     port = free_port()
     relay = threading.Thread(target=run_asyncio, args=(port, trainer_port, 1), daemon=True)
     relay.start()
-    game = _connect_when_listening(port)
+    game = connect_retry(port)
     frames = [HEADER.pack(len(body)) + body for body in (b"x", bytes(range(256)) * 400, b"", b"tail")]
     expected = b"".join(frames)
     with game, trainer_listener:
@@ -145,17 +145,6 @@ def test_asyncio_relay_forwards_frames_unchanged_both_ways() -> None:
             assert back == expected
     relay.join(timeout=10)
     assert not relay.is_alive()  # a peer gone ends the relay
-
-
-def _connect_when_listening(port: int, timeout: float = 10.0) -> socket.socket:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return socket.create_connection(("127.0.0.1", port), timeout=10)
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
 
 
 def free_port() -> int:

@@ -180,3 +180,12 @@ def test_rate_meter_counts_the_window_ending_now() -> None:
     assert 9.0 <= meter.rate(20.0) <= 11.0
     assert 0.0 < meter.rate(25.0) < meter.rate(20.0)  # decaying: nothing new for 5 s
     assert meter.rate(30.5) == 0.0  # nothing new for longer than the window
+
+
+def test_rate_meter_keeps_few_marks_at_a_high_rate_and_the_rate_exact() -> None:
+    meter = RateMeter(window_s=10.0)
+    for i in range(20_001):  # 1,000 events per second for 20 s
+        meter.add(i / 1000, i)
+    assert len(meter.marks) <= 102  # a mark per 0.1 s in the window, and the baseline
+    assert 990.0 <= meter.rate(20.0) <= 1010.0
+    assert meter.latest == 20_000

@@ -402,3 +402,21 @@ def test_trainers_in_one_process_report_whole_lines() -> None:
     assert out.returncode == 0, out.stderr
     events = [json.loads(line) for line in out.stdout.splitlines()]
     assert sorted((e["who"], e["i"]) for e in events) == sorted((w, i) for w in ("p0", "p1") for i in range(300))
+
+
+def test_hotpath_measures_each_side_and_moves_the_servers_bytes() -> None:
+    """The in-memory profile of a lock-step (benchmarks/hotpath.py) runs every side through the real sans-IO
+    connections and hub; the broker's frames are the server's (send_buffers, joined), as many bytes as the
+    batch's arrays at least."""
+    out = run_benchmark(
+        "benchmarks.hotpath", "--agents", "40", "--obs", "vec64", "--policies", "2", "--steps", "30", timeout=120
+    )
+    lines = out.strip().splitlines()
+    assert "broker path" in lines[0] and "raw one-hop" in lines[0]
+    figures = dict(
+        (part.rsplit(" ", 1)[0].strip(), float(part.rsplit(" ", 1)[1].replace(",", "")))
+        for part in lines[1].split(":", 1)[1].split(", ")
+    )
+    assert figures["broker us"] > 0 and figures["game us"] > 0 and figures["trainers us"] > 0
+    assert figures["broker->trainer frames"] == 2.0 and figures["game->broker frames"] == 1.0
+    assert figures["broker->trainer bytes"] > 2 * 40 * 64 * 4  # two policies' observation rows

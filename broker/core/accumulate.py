@@ -96,13 +96,12 @@ class SlotAccumulator:
 
     def step_data(self, with_frames: bool) -> StepData:
         first = self._first
-        if first is not None and not with_frames:
-            return first  # immutable: the tick as it came is the transition
         if first is not None:
-            frames = np.ones(first.n_rows, np.int32) if with_frames else None
+            if not with_frames:
+                return first  # immutable: the tick as it came is the transition
             return StepData.unchecked(
                 first.obs, first.reward, first.terminated, first.truncated, first.final_index, first.final_obs,
-                first.infos, frames,
+                first.infos, np.ones(first.n_rows, np.int32),
             )  # fmt: skip
         final_index = final_obs = None
         if len(self._finals) == 1:

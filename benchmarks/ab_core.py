@@ -9,6 +9,9 @@ before/after: the old core is f74a595). Rounds alternate the trees in ABBA order
 speed within a round is shared; each round runs ``benchmarks.run`` once per tree with ``--repeats 1``. Per
 configuration and mode: the median agent-steps/s of each tree, the median of the paired ratios (after/before,
 the figure to quote) and the median CPU per agent-step of all processes.
+
+``--old pure`` compares this tree against itself run as plain Python (every process with
+``GDRL_BROKER_PURE=1``): what compiling the per-step modules gives (broker/compiled.py).
 """
 
 from __future__ import annotations
@@ -34,10 +37,16 @@ def worktree(old: str, where: Path) -> Path:
     return tree
 
 
-def run_once(tree: Path, args: list[str], out: Path) -> list[dict[str, Any]]:
+PURE = "pure"  # --old pure: this tree, uncompiled
+
+
+def run_once(tree: Path, args: list[str], out: Path, pure: bool = False) -> list[dict[str, Any]]:
     """One ``benchmarks.run`` on ``tree``; its summary rows, or none (said on stderr) if the run failed."""
     command = [sys.executable, "-m", "benchmarks.run", "--repeats", "1", "--out", str(out), *args]
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    env.pop("GDRL_BROKER_PURE", None)
+    if pure:
+        env["GDRL_BROKER_PURE"] = "1"  # inherited by every process benchmarks.run starts
     proc = subprocess.run(command, cwd=tree, env=env, check=False, stdout=subprocess.DEVNULL)
     if proc.returncode != 0 or not out.exists():
         print(f"benchmarks.run on {tree} failed (exit {proc.returncode}); this round has no pair", file=sys.stderr)
@@ -74,26 +83,31 @@ def table(rows: Rounds) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--old", required=True, help="the commit to compare against (before)")
+    parser.add_argument(
+        "--old", required=True, help=f"the commit to compare against (before), or '{PURE}': this tree uncompiled"
+    )
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args, passed = parser.parse_known_args(argv)  # the rest goes to benchmarks.run (--preset, --config, --modes)
     rows: Rounds = {}
     with tempfile.TemporaryDirectory(prefix="ab_core-") as tmp:
-        old = worktree(args.old, Path(tmp))
+        pure = args.old == PURE
+        old = ROOT if pure else worktree(args.old, Path(tmp))
         try:
             for round_index in range(args.rounds):
                 order = [("before", old), ("after", ROOT)]
                 if round_index % 2:
                     order.reverse()
                 for side, tree in order:
-                    for entry in run_once(tree, passed, Path(tmp) / f"{side}-{round_index}.json"):
+                    out = Path(tmp) / f"{side}-{round_index}.json"
+                    for entry in run_once(tree, passed, out, pure=pure and side == "before"):
                         runs = rows.setdefault((entry["config"]["label"], entry["mode"]), {}).setdefault(side, {})
                         cpu = entry["cpu_us_per_agent_step"]
                         runs[round_index] = (entry["agent_steps_per_s"], cpu["total"], cpu["middle"])
                 print(f"round {round_index + 1} of {args.rounds} done", flush=True)
         finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
+            if not pure:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
     text = table(rows)
     print(text)
     if args.markdown:

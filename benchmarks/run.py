@@ -64,6 +64,14 @@ from benchmarks.configs import (
 from benchmarks.measure import ProcSample, interpolate, sample_process
 from broker.tuning import DEFAULT_MMAP_THRESHOLD, DEFAULT_TRIM_THRESHOLD
 
+try:
+    from broker.compiled import active as compiled_active
+except ImportError:  # an older tree with this benchmarks/ laid over it (benchmarks.ab_core): never compiled
+
+    def compiled_active() -> bool:
+        return False
+
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
@@ -492,6 +500,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "environment": dict(_extra_env),
         "lean_game_flags": list(_lean_game_flags),
         "native_game": _native_game[0],
+        "compiled": compiled_active(),  # the per-step modules, in every process of this run (broker/compiled.py)
         "warmup_s": preset.warmup_s,
         "measure_s": preset.measure_s,
         "duration_s": time.monotonic() - started,

@@ -133,7 +133,7 @@ def _as_is(step: StepData) -> bool:
     index = step.final_index
     if index is None or step.final_obs is None or (step.terminated & step.truncated).any():
         return False
-    return len(index) == np.count_nonzero(ended) and bool(ended[index].all())
+    return len(index) == int(np.count_nonzero(ended)) and bool(ended[index].all())
 
 
 def replaced_game_step(last_obs: dict[str, np.ndarray], start: int, data: StepData) -> StepData:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import structlog
+from mypy_extensions import mypyc_attr
 
 from broker.core import claims, joining, seating, status
 from broker.core.accumulate import SlotAccumulator, keep_ended_rows, replaced_game_step
@@ -41,6 +42,8 @@ log = structlog.get_logger("gdrl.hub")
 Session = GameSession | TrainerSession | claims.SamplerSession
 
 
+# Compiled (broker/compiled.py); tests drive it through a subclass of their own (tests/hub_driver.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Hub:
     def __init__(
         self,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, Protocol
 
+from mypy_extensions import mypyc_attr
+
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
@@ -77,6 +79,7 @@ class State(Enum):
     CLOSED = "closed"
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # compiled (broker/compiled.py); broker/legacy adds its own
 class ConnectionEvent:
     """Base of what a connection reports that is not a message for the hub."""
 

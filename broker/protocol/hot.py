@@ -180,11 +180,13 @@ _ENCODER: Final = msgspec.msgpack.Encoder()
 _MARKER: Final = os.urandom(16)
 
 
-class _References(list[memoryview]):
+class _References:
     """The large arrays' memory an encoding refers to instead of copying, in the order they appear."""
 
+    __slots__ = ("memory", "min_bytes", "writable_too")
+
     def __init__(self, min_bytes: int, writable_too: bool) -> None:
-        super().__init__()
+        self.memory: list[memoryview] = []
         self.min_bytes = min_bytes
         self.writable_too = writable_too
 
@@ -195,7 +197,7 @@ def _array_out(array: np.ndarray, refs: _References | None = None) -> ArrayWire:
         wire = encode_array(array)  # the general rules: a cast, a copy, a 0-d array made 1-d
         return _array_wire(wire["dtype"], wire["shape"], wire["data"])
     if refs is not None and array.nbytes >= refs.min_bytes and (refs.writable_too or not array.flags.writeable):
-        refs.append(array.data.cast("B"))
+        refs.memory.append(array.data.cast("B"))
         return _array_wire(name, array.shape, msgspec.Raw(bin_header(array.nbytes) + _MARKER))
     return _array_wire(name, array.shape, array.data.cast("B") if array.size else b"")
 
@@ -262,14 +264,15 @@ def hot_frame_buffers(message: Message, min_bytes: int, writable_too: bool) -> l
     if out is None:
         return None
     body = _ENCODER.encode(out)
-    if not refs:
+    memory = refs.memory
+    if not memory:
         return [HEADER.pack(len(body)) + body]
     pieces = body.split(_MARKER)
-    if len(pieces) != len(refs) + 1:
+    if len(pieces) != len(memory) + 1:
         return None  # the marker turned up inside the message too
-    size = len(body) - len(refs) * len(_MARKER) + sum(ref.nbytes for ref in refs)
+    size = len(body) - len(memory) * len(_MARKER) + sum(ref.nbytes for ref in memory)
     parts: list[Buffer] = [HEADER.pack(size) + pieces[0]]
-    for ref, piece in zip(refs, pieces[1:], strict=True):
+    for ref, piece in zip(memory, pieces[1:], strict=True):
         parts.append(ref)
         if piece:
             parts.append(piece)

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import structlog
 
+from broker import compiled
 from broker.core.batching import UnencodableMessage
 from broker.core.effects import Close as CloseEffect
 from broker.core.effects import Effect, Send, StartTimer, Timer
@@ -133,6 +134,7 @@ class BrokerServer:
             port=self.port,
             unix=self.config.unix_path,
             games=self.config.expected_games,
+            compiled=compiled.active(),  # the per-step modules (broker/compiled.py)
         )
 
     async def _serve_metrics(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,107 @@
+"""The compiled per-step modules (broker/compiled.py, setup.py): in use when built, and never stale.
+
+The README's set-up compiles them; ``.ci/run`` sets ``GDRL_REQUIRE_COMPILED=1``, so there these tests fail
+rather than skip when the build did not compile. The stale-build checks run on a copy of the installed
+package, with one source changed, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import broker
+from broker import compiled
+
+PACKAGE_DIR = Path(broker.__file__).resolve().parent
+
+
+def _compiled_build() -> bool:
+    stem = compiled.source_path("broker.core.flow").with_suffix("")
+    return any(Path(f"{stem}{s}").exists() for s in importlib.machinery.EXTENSION_SUFFIXES)
+
+
+@pytest.fixture
+def compiled_build() -> None:
+    if _compiled_build():
+        return
+    reason = "the package was built without mypyc (GDRL_BROKER_PURE=1, or no C compiler)"
+    if os.environ.get("GDRL_REQUIRE_COMPILED") == "1":
+        pytest.fail(f"GDRL_REQUIRE_COMPILED=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _probe(package_parent: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``broker.compiled.active()`` in a fresh interpreter importing the package under ``package_parent``."""
+    code = "import broker.compiled as c, broker.core.flow as f; print(c.active(), f.__file__)"
+    full_env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
+    full_env.update(env or {}, PYTHONPATH=str(package_parent))
+    return subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        cwd=package_parent,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _copy_package(tmp_path: Path) -> Path:
+    shutil.copytree(PACKAGE_DIR, tmp_path / "broker", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def test_every_compiled_module_exists_and_is_listed_once() -> None:
+    assert len(set(compiled.COMPILED_MODULES)) == len(compiled.COMPILED_MODULES)
+    for module in compiled.COMPILED_MODULES:
+        assert compiled.source_path(module).is_file(), module
+
+
+def test_this_process_runs_the_compiled_modules(compiled_build: None) -> None:
+    assert compiled.stale_modules() == []
+    assert compiled.active()
+    for module in compiled.COMPILED_MODULES:
+        file = sys.modules[module].__file__ if module in sys.modules else __import__(module, fromlist=["_"]).__file__
+        assert file is not None and not file.endswith(".py"), module
+
+
+def test_a_copy_of_the_build_runs_compiled(compiled_build: None, tmp_path: Path) -> None:
+    result = _probe(_copy_package(tmp_path))
+    assert result.returncode == 0, result.stderr
+    active, file = result.stdout.split()
+    assert active == "True" and file.startswith(str(tmp_path)) and not file.endswith(".py")
+    assert "RuntimeWarning" not in result.stderr
+
+
+def test_a_changed_source_runs_every_module_from_source_with_a_warning(compiled_build: None, tmp_path: Path) -> None:
+    root = _copy_package(tmp_path)
+    changed = compiled.source_path("broker.core.states", root / "broker")
+    changed.write_text(changed.read_text(encoding="utf-8") + "\n# changed after the build\n", encoding="utf-8")
+    result = _probe(root)
+    assert result.returncode == 0, result.stderr
+    active, file = result.stdout.split()
+    assert active == "False" and file == str(root / "broker" / "core" / "flow.py")
+    assert "RuntimeWarning" in result.stderr and "broker.core.states" in result.stderr
+    assert "pip install -e ." in result.stderr
+
+
+def test_without_digests_the_build_counts_as_stale(compiled_build: None, tmp_path: Path) -> None:
+    root = _copy_package(tmp_path)
+    (root / "broker" / compiled.DIGESTS_FILE).unlink()
+    result = _probe(root)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "False" and "RuntimeWarning" in result.stderr
+
+
+def test_the_pure_switch_runs_from_source_without_a_warning(compiled_build: None, tmp_path: Path) -> None:
+    result = _probe(_copy_package(tmp_path), {compiled.PURE_ENV: "1"})
+    assert result.returncode == 0, result.stderr
+    active, file = result.stdout.split()
+    assert active == "False" and file.endswith("flow.py")
+    assert "RuntimeWarning" not in result.stderr

@@ -31,7 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-# What every step runs through: the hub and its parts, the fast decode and encode, framing, the checks.
+# What every step runs through: the hub and its parts, the fast decode and encode, framing, the checks, the
+# connections, and a peer's receive loop and writes (the server, which tests instrument, stays interpreted).
 COMPILED_MODULES: Final = (
     "broker.core.accumulate",
     "broker.core.batching",
@@ -52,6 +53,7 @@ COMPILED_MODULES: Final = (
     "broker.protocol.gather",
     "broker.protocol.hot",
     "broker.protocol.spaces",
+    "broker.server.peer",
 )
 GROUP_NAME: Final = "broker._compiled"  # the one shared library mypyc builds them into
 DIGESTS_FILE: Final = "_compiled_sources.json"  # beside this file: each compiled source's sha256
@@ -75,9 +77,16 @@ def write_digests(package_dir: Path) -> None:
     (package_dir / DIGESTS_FILE).write_text(text, encoding="utf-8")
 
 
-def _has_extension(module: str) -> bool:
-    stem = source_path(module).with_suffix("")
-    return any(Path(f"{stem}{suffix}").exists() for suffix in importlib.machinery.EXTENSION_SUFFIXES)
+def extension_modules(package_dir: Path = _PACKAGE_DIR) -> dict[str, Path]:
+    """Every module of the package that has a compiled build beside its source, with that build's path."""
+    found: dict[str, Path] = {}
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        for path in package_dir.rglob(f"*{suffix}"):
+            source = path.with_name(path.name[: -len(suffix)] + ".py")
+            if source.is_file():  # not the shared library itself, which has no source
+                parts = source.relative_to(package_dir).with_suffix("").parts
+                found[".".join((package_dir.name, *parts))] = path
+    return found
 
 
 def stale_modules() -> list[str]:
@@ -106,20 +115,29 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
 
 def guard() -> None:
     """Run once, by ``broker/__init__.py``: decide between the compiled modules and their sources."""
-    if not any(_has_extension(m) for m in COMPILED_MODULES):
+    built = extension_modules()
+    if not built:
         return  # a pure build
+    # A build of a module that is no longer compiled (left by an earlier version) would shadow its source
+    # for good: it runs from source too, and the warning says to delete it.
+    leftovers = sorted(m for m in built if m not in COMPILED_MODULES)
     pure = os.environ.get(PURE_ENV) == "1"
     stale = [] if pure else stale_modules()
-    if not pure and not stale:
+    if not pure and not stale and not leftovers:
         return
+    problems = []
     if stale:
+        problems.append(f"the compiled build is older than {', '.join(stale)}: run `pip install -e .` again")
+    if leftovers:
+        paths = ", ".join(str(built[m]) for m in leftovers)
+        problems.append(f"{paths} {'is' if len(leftovers) == 1 else 'are'} left from an earlier build: delete")
+    if problems and not pure:
         warnings.warn(
-            f"godot-rl-broker: the compiled build is older than {', '.join(stale)}; running every per-step "
-            "module from source (slower). Run `pip install -e .` again to rebuild.",
+            f"godot-rl-broker: {'; '.join(problems)}. Meanwhile every per-step module runs from source (slower).",
             RuntimeWarning,
             stacklevel=3,
         )
-    sys.meta_path.insert(0, _SourceFirst(COMPILED_MODULES))
+    sys.meta_path.insert(0, _SourceFirst([*COMPILED_MODULES, *leftovers]))
 
 
 def active() -> bool:

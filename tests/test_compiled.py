@@ -7,7 +7,6 @@ package, with one source changed, in a fresh interpreter.
 
 from __future__ import annotations
 
-import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -23,8 +22,7 @@ PACKAGE_DIR = Path(broker.__file__).resolve().parent
 
 
 def _compiled_build() -> bool:
-    stem = compiled.source_path("broker.core.flow").with_suffix("")
-    return any(Path(f"{stem}{s}").exists() for s in importlib.machinery.EXTENSION_SUFFIXES)
+    return set(compiled.extension_modules()) == set(compiled.COMPILED_MODULES)
 
 
 @pytest.fixture
@@ -105,3 +103,34 @@ def test_the_pure_switch_runs_from_source_without_a_warning(compiled_build: None
     active, file = result.stdout.split()
     assert active == "False" and file.endswith("flow.py")
     assert "RuntimeWarning" not in result.stderr
+
+
+def test_a_build_left_by_an_earlier_version_runs_from_source_with_a_warning(
+    compiled_build: None, tmp_path: Path
+) -> None:
+    """A module compiled by an earlier version and no longer listed: its build must not shadow its source."""
+    root = _copy_package(tmp_path)
+    flow_build = compiled.extension_modules(root / "broker")["broker.core.flow"]
+    suffix = flow_build.name[len("flow") :]
+    leftover = root / "broker" / "core" / f"elo{suffix}"  # a build that is not elo's: importing it would fail
+    shutil.copy(flow_build, leftover)
+    code = "import broker.compiled as c, broker.core.elo as e; print(c.active(), e.__file__)"
+    env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
+    result = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code],
+        cwd=root,
+        env={**env, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    active, file = result.stdout.split()
+    assert active == "False" and file == str(root / "broker" / "core" / "elo.py")
+    assert "RuntimeWarning" in result.stderr and str(leftover) in result.stderr and "delete" in result.stderr
+
+
+def test_extension_modules_names_each_compiled_module_by_its_import_name(compiled_build: None) -> None:
+    found = compiled.extension_modules()
+    assert set(found) == set(compiled.COMPILED_MODULES)
+    assert all(path.name.startswith(module.rsplit(".", 1)[1] + ".") for module, path in found.items())

@@ -1,7 +1,7 @@
 """The build: setuptools, with the per-step modules listed in broker/compiled.py compiled by mypyc.
 
 ``GDRL_BROKER_PURE=1 pip install -e .`` builds without compiling (no C compiler needed); the package then
-runs as plain Python, with the same behaviour and about 40 % more CPU per message in the broker.
+runs as plain Python, with the same behaviour and 1.1 to 1.5 times the CPU in the broker.
 """
 
 import os

@@ -10,8 +10,10 @@ A compiled module shadows its source, since Python imports an extension module b
 the same name. So after a source changes (an edit, a ``git pull``) its build is stale until ``pip install
 -e .`` runs again. The build records a digest of every source it compiled; on the first import of
 ``broker``, a source that differs from its digest makes every compiled module load from its source instead,
-with a warning. They go together, because a compiled module calls the others' functions directly, not
-through their modules. ``GDRL_BROKER_PURE=1`` at run time does the same without the warning.
+with a warning. So does a build left beside the source of a module that is no longer compiled (an earlier
+version compiled it), which would otherwise shadow that source for good. They go together, because a compiled
+module calls the others' functions directly, not through their modules. ``GDRL_BROKER_PURE=1`` at run time
+does the same without the warning.
 
 This file is also read by ``setup.py`` (run as a script, before anything is installed): standard library
 only.

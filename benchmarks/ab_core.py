@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from broker.compiled import PURE_ENV
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -44,9 +46,9 @@ def run_once(tree: Path, args: list[str], out: Path, pure: bool = False) -> list
     """One ``benchmarks.run`` on ``tree``; its summary rows, or none (said on stderr) if the run failed."""
     command = [sys.executable, "-m", "benchmarks.run", "--repeats", "1", "--out", str(out), *args]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    env.pop("GDRL_BROKER_PURE", None)
+    env.pop(PURE_ENV, None)
     if pure:
-        env["GDRL_BROKER_PURE"] = "1"  # inherited by every process benchmarks.run starts
+        env[PURE_ENV] = "1"  # inherited by every process benchmarks.run starts
     proc = subprocess.run(command, cwd=tree, env=env, check=False, stdout=subprocess.DEVNULL)
     if proc.returncode != 0 or not out.exists():
         print(f"benchmarks.run on {tree} failed (exit {proc.returncode}); this round has no pair", file=sys.stderr)

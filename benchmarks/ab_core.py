@@ -5,10 +5,12 @@
 
 The older commit is checked out into a temporary git worktree and this tree's ``benchmarks/`` is laid over it,
 so both run the same games, trainers and ceilings and only the broker and clients differ (issue 18's
-before/after: the old core is f74a595). Rounds alternate the trees in ABBA order, so a machine that changes
-speed within a round is shared; each round runs ``benchmarks.run`` once per tree with ``--repeats 1``. Per
-configuration and mode: the median agent-steps/s of each tree, the median of the paired ratios (after/before,
-the figure to quote) and the median CPU per agent-step of all processes.
+before/after: the old core is f74a595). An older commit that compiles its per-step modules (it has a
+``setup.py``) is built in its worktree first, as the README's install builds it, so compiled code is compared
+with compiled code; the table says whether each side ran compiled. Rounds alternate the trees in ABBA order,
+so a machine that changes speed within a round is shared; each round runs ``benchmarks.run`` once per tree
+with ``--repeats 1``. Per configuration and mode: the median agent-steps/s of each tree, the median of the
+paired ratios (after/before, the figure to quote) and the median CPU per agent-step of all processes.
 
 ``--old pure`` compares this tree against itself run as plain Python (every process with
 ``GDRL_BROKER_PURE=1``): what compiling the per-step modules gives (broker/compiled.py).
@@ -35,6 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def worktree(old: str, where: Path) -> Path:
     tree = where / "old"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), old], check=True)
+    if (tree / "setup.py").is_file() and os.environ.get(PURE_ENV) != "1":
+        # Built in place: the worktree's sources, then, import their own compiled modules (PYTHONPATH=tree).
+        print(f"building {old}'s compiled modules (about a minute)", flush=True)
+        subprocess.run(
+            [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
+            cwd=tree,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     shutil.copytree(ROOT / "benchmarks", tree / "benchmarks", dirs_exist_ok=True)
     return tree
 
@@ -42,8 +53,8 @@ def worktree(old: str, where: Path) -> Path:
 PURE = "pure"  # --old pure: this tree, uncompiled
 
 
-def run_once(tree: Path, args: list[str], out: Path, pure: bool = False) -> list[dict[str, Any]]:
-    """One ``benchmarks.run`` on ``tree``; its summary rows, or none (said on stderr) if the run failed."""
+def run_once(tree: Path, args: list[str], out: Path, pure: bool = False) -> dict[str, Any]:
+    """One ``benchmarks.run`` on ``tree``: its JSON (``summary`` is empty, said on stderr, if the run failed)."""
     command = [sys.executable, "-m", "benchmarks.run", "--repeats", "1", "--out", str(out), *args]
     env = {**os.environ, "PYTHONPATH": str(tree)}
     env.pop(PURE_ENV, None)
@@ -52,17 +63,21 @@ def run_once(tree: Path, args: list[str], out: Path, pure: bool = False) -> list
     proc = subprocess.run(command, cwd=tree, env=env, check=False, stdout=subprocess.DEVNULL)
     if proc.returncode != 0 or not out.exists():
         print(f"benchmarks.run on {tree} failed (exit {proc.returncode}); this round has no pair", file=sys.stderr)
-    return list(json.loads(out.read_text())["summary"]) if out.exists() else []
+    return dict(json.loads(out.read_text())) if out.exists() else {"summary": []}
 
 
 # Per configuration and mode, per side ("before", "after"): round -> (agent-steps/s, CPU us per agent-step of
 # all processes, of the middle: the broker process, or in-process the broker's loop thread).
 Rounds = dict[tuple[str, str], dict[str, dict[int, tuple[float, float, float]]]]
+SIDES = ("before", "after")
 
 
-def table(rows: Rounds) -> str:
+def table(rows: Rounds, compiled: dict[str, set[bool]]) -> str:
     """Medians per side, and ratios paired by round: a round one side lacks (a failed run) pairs with nothing."""
+    said = {side: "/".join(sorted(str(c).lower() for c in compiled.get(side, set()))) or "?" for side in SIDES}
     lines = [
+        f"Compiled per-step modules: before {said['before']}, after {said['after']}.",
+        "",
         "| configuration | mode | before: median agent-steps/s | after | after/before, median of paired rounds "
         "| paired ratios | CPU us per agent-step, all processes: before -> after | of them the broker's |",
         "|---|---|---:|---:|---:|---|---|---|",
@@ -92,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", default=None, help="also write the table here")
     args, passed = parser.parse_known_args(argv)  # the rest goes to benchmarks.run (--preset, --config, --modes)
     rows: Rounds = {}
+    compiled: dict[str, set[bool]] = {}  # per side: what benchmarks.run reported ("compiled" in its JSON)
     with tempfile.TemporaryDirectory(prefix="ab_core-") as tmp:
         pure = args.old == PURE
         old = ROOT if pure else worktree(args.old, Path(tmp))
@@ -102,7 +118,10 @@ def main(argv: list[str] | None = None) -> int:
                     order.reverse()
                 for side, tree in order:
                     out = Path(tmp) / f"{side}-{round_index}.json"
-                    for entry in run_once(tree, passed, out, pure=pure and side == "before"):
+                    result = run_once(tree, passed, out, pure=pure and side == "before")
+                    if "compiled" in result:  # older trees' benchmarks.run did not say
+                        compiled.setdefault(side, set()).add(bool(result["compiled"]))
+                    for entry in result["summary"]:
                         runs = rows.setdefault((entry["config"]["label"], entry["mode"]), {}).setdefault(side, {})
                         cpu = entry["cpu_us_per_agent_step"]
                         runs[round_index] = (entry["agent_steps_per_s"], cpu["total"], cpu["middle"])
@@ -110,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if not pure:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=False)
-    text = table(rows)
+    text = table(rows, compiled)
     print(text)
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")

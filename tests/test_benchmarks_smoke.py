@@ -40,6 +40,7 @@ from benchmarks.lean_plugin_game import SessionSpec, godot_float
 from benchmarks.raw import HEADER, check_same_bytes, connect_retry, step_frame
 from benchmarks.relay import Forwarder, run_asyncio
 from benchmarks.run import BROKER_MODES, modes_for
+from broker import compiled
 from broker.protocol.messages import GameStep
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.godot_engine import require_godot
@@ -369,11 +370,16 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
 
 def test_before_after_harness_runs_both_trees_and_pairs_their_rounds(tmp_path: Path) -> None:
     """benchmarks.ab_core: the older tree (here HEAD itself, which every checkout has) runs this tree's benchmarks in
-    a temporary worktree; every configuration and mode gets a figure from both trees in every round, paired."""
+    a temporary worktree, built as this tree was (compiled or not); every configuration and mode gets a figure
+    from both trees in every round, paired."""
     table = tmp_path / "ab.md"
     args = ["--old", "HEAD", "--rounds", "2", "--config", "2,vec8,1,1", "--modes", "broker_tcp,inprocess"]
-    run_benchmark("benchmarks.ab_core", *args, "--measure", "1", "--markdown", str(table), timeout=600)
-    rows = [line.split(" | ") for line in table.read_text().splitlines()[2:]]
+    run_benchmark("benchmarks.ab_core", *args, "--measure", "1", "--markdown", str(table), timeout=900)
+    said, _, header, _, *lines = table.read_text().splitlines()
+    built = str(compiled.active()).lower()
+    assert said == f"Compiled per-step modules: before {built}, after {built}.", said
+    assert header.startswith("| configuration | mode |"), header
+    rows = [line.split(" | ") for line in lines]
     assert sorted(row[1] for row in rows) == ["broker_tcp", "inprocess"], table.read_text()
     for row in rows:
         before, after = (float(cell.replace(",", "")) for cell in row[2:4])

@@ -37,17 +37,18 @@ ROOT = Path(__file__).resolve().parents[1]
 def worktree(old: str, where: Path) -> Path:
     tree = where / "old"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), old], check=True)
-    if (tree / "setup.py").is_file() and os.environ.get(PURE_ENV) != "1":
-        # Built in place: the worktree's sources, then, import their own compiled modules (PYTHONPATH=tree).
-        print(f"building {old}'s compiled modules (about a minute)", flush=True)
-        subprocess.run(
-            [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"],
-            cwd=tree,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
     shutil.copytree(ROOT / "benchmarks", tree / "benchmarks", dirs_exist_ok=True)
     return tree
+
+
+def build(tree: Path) -> None:
+    """Compile the older tree's per-step modules in place, as the README's install would (if it has any)."""
+    if not (tree / "setup.py").is_file() or os.environ.get(PURE_ENV) == "1":
+        return
+    # In place: with PYTHONPATH=tree the worktree's sources import their own compiled modules.
+    print("building the older tree's compiled modules (a minute or two)", flush=True)
+    command = [sys.executable, "setup.py", "--quiet", "build_ext", "--inplace"]
+    subprocess.run(command, cwd=tree, check=True, stdout=subprocess.DEVNULL)
 
 
 PURE = "pure"  # --old pure: this tree, uncompiled
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         pure = args.old == PURE
         old = ROOT if pure else worktree(args.old, Path(tmp))
         try:
+            if not pure:
+                build(old)
             for round_index in range(args.rounds):
                 order = [("before", old), ("after", ROOT)]
                 if round_index % 2:
@@ -119,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 for side, tree in order:
                     out = Path(tmp) / f"{side}-{round_index}.json"
                     result = run_once(tree, passed, out, pure=pure and side == "before")
-                    if "compiled" in result:  # older trees' benchmarks.run did not say
+                    if "compiled" in result:  # a failed run has none
                         compiled.setdefault(side, set()).add(bool(result["compiled"]))
                     for entry in result["summary"]:
                         runs = rows.setdefault((entry["config"]["label"], entry["mode"]), {}).setdefault(side, {})

@@ -58,6 +58,10 @@ COMPILED_MODULES: Final = (
     "broker.protocol.spaces",
     "broker.server.peer",
 )
+# Hand-written C beside them (broker/protocol/_native.c): the per-step messages' codec without a Python object
+# per field. Built with them, guarded with them (its source's digest too), and not importable whenever they run
+# from source (hot.py and spaces.py then do its work in Python).
+NATIVE_MODULE: Final = "broker.protocol._native"
 GROUP_NAME: Final = "broker._compiled"  # the one shared library mypyc builds them into
 DIGESTS_FILE: Final = "_compiled_sources.json"  # beside this file: each compiled source's sha256
 PURE_ENV: Final = "GDRL_BROKER_PURE"
@@ -70,8 +74,14 @@ def source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
     return package_dir.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
+def native_source(package_dir: Path = _PACKAGE_DIR) -> Path:
+    return package_dir / "protocol" / "_native.c"
+
+
 def digests(package_dir: Path = _PACKAGE_DIR) -> dict[str, str]:
-    return {m: hashlib.sha256(source_path(m, package_dir).read_bytes()).hexdigest() for m in COMPILED_MODULES}
+    found = {m: hashlib.sha256(source_path(m, package_dir).read_bytes()).hexdigest() for m in COMPILED_MODULES}
+    found[NATIVE_MODULE] = hashlib.sha256(native_source(package_dir).read_bytes()).hexdigest()
+    return found
 
 
 def write_digests(package_dir: Path) -> None:
@@ -99,7 +109,7 @@ def stale_modules() -> list[str]:
     except (OSError, ValueError):
         built = {}
     now = digests()
-    return [m for m in COMPILED_MODULES if built.get(m) != now[m]]
+    return [m for m in (*COMPILED_MODULES, NATIVE_MODULE) if built.get(m) != now[m]]
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
@@ -111,6 +121,8 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == NATIVE_MODULE:  # C, with no source to run instead: its users take their Python way
+            raise ModuleNotFoundError(f"{fullname} is off while the per-step modules run from source", name=fullname)
         if fullname not in self.modules:
             return None
         return importlib.util.spec_from_file_location(fullname, source_path(fullname))

@@ -134,3 +134,27 @@ def test_extension_modules_names_each_compiled_module_by_its_import_name(compile
     found = compiled.extension_modules()
     assert set(found) == set(compiled.COMPILED_MODULES)
     assert all(path.name.startswith(module.rsplit(".", 1)[1] + ".") for module, path in found.items())
+
+
+def _native_probe(root: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    code = "from broker.protocol import hot, spaces; print(hot._NATIVE is not None, spaces._NATIVE is not None)"
+    full_env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
+    full_env.update(env or {}, PYTHONPATH=str(root))
+    return subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], cwd=root, env=full_env, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_the_c_codec_is_on_with_the_build_and_off_with_a_changed_source_or_the_pure_switch(
+    compiled_build: None, tmp_path: Path
+) -> None:
+    root = _copy_package(tmp_path)
+    on = _native_probe(root)
+    assert on.returncode == 0 and on.stdout.split() == ["True", "True"], on.stderr
+    pure = _native_probe(root, {compiled.PURE_ENV: "1"})
+    assert pure.returncode == 0 and pure.stdout.split() == ["False", "False"], pure.stderr
+    source = compiled.native_source(root / "broker")
+    source.write_text(source.read_text(encoding="utf-8") + "\n/* changed after the build */\n", encoding="utf-8")
+    stale = _native_probe(root)
+    assert stale.returncode == 0 and stale.stdout.split() == ["False", "False"], stale.stderr
+    assert "RuntimeWarning" in stale.stderr and compiled.NATIVE_MODULE in stale.stderr

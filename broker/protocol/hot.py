@@ -19,7 +19,7 @@ from typing import Any, Final
 import msgspec
 import numpy as np
 
-from broker.protocol.arrays import DTYPES, WIRE_NAMES, encode_array
+from broker.protocol.arrays import DTYPES, MAX_NDIM, WIRE_NAMES, encode_array
 from broker.protocol.codec import (
     HOT_DECODER,
     HOT_PREFIXES,
@@ -37,6 +37,7 @@ from broker.protocol.fields import MAX_ARRAY_KEYS, MAX_TEXT
 from broker.protocol.framing import HEADER, Buffer, bin_header
 from broker.protocol.limits import INT_MAX, MAX_FRAME_ELEMENTS, MAX_GROUPS
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
+from broker.protocol.native import NATIVE
 from broker.protocol.spaces import check_finite
 
 _BOOL: Final = np.dtype("?")
@@ -49,9 +50,39 @@ class _Refused(Exception):
     """Not for this path: the general way decodes the body again and says what is wrong, if anything."""
 
 
+def _configured_native() -> Any:
+    """The C codec (broker/protocol/_native.c), handed the facts it checks against from their one place here."""
+    native: Any = NATIVE
+    if native is not None:
+        limits = {
+            "max_array_keys": MAX_ARRAY_KEYS,
+            "max_text": MAX_TEXT,
+            "max_groups": MAX_GROUPS,
+            "max_ndim": MAX_NDIM,
+            "int_max": INT_MAX,
+        }
+        native.configure(StepData, GameStep, Batch, TrainerAct, GameActions, DTYPES, limits)
+    return native
+
+
+# The bodies this package writes take the C way when it is built; what it leaves (None) goes on below.
+_NATIVE: Final[Any] = _configured_native()
+
+
 def decode_hot(body: bytes | memoryview) -> Message | None:
     """A step, batch, act or actions message from a msgpack body, or None when the body is none of those
     as this package writes them, or needs a check only the general way makes."""
+    if not bytes(body[1:14]).startswith(HOT_PREFIXES):
+        return None
+    if _NATIVE is not None:
+        message: Message | None = _NATIVE.decode(body)
+        if message is not None:
+            return message
+    return decode_typed(body)
+
+
+def decode_typed(body: bytes | memoryview) -> Message | None:
+    """``decode_hot``'s Python way: msgspec's typed structs, then the checks the types leave."""
     if not bytes(body[1:14]).startswith(HOT_PREFIXES):
         return None
     if len(body) > MAX_FRAME_ELEMENTS:
@@ -248,6 +279,15 @@ def _out(message: Message, refs: _References | None = None) -> msgspec.Struct | 
 
 def encode_hot_frame(message: Message) -> bytes | None:
     """A step, batch, act or actions message's msgpack frame (header and body), or None for the others."""
+    if _NATIVE is not None:
+        buffers: list[bytes] | None = _NATIVE.encode(message, -1, False)
+        if buffers is not None:
+            return buffers[0]
+    return encode_typed_frame(message)
+
+
+def encode_typed_frame(message: Message) -> bytes | None:
+    """``encode_hot_frame``'s Python way: msgspec encodes the typed structs filled from the message."""
     out = _out(message)
     if out is None:
         return None
@@ -259,6 +299,15 @@ def hot_frame_buffers(message: Message, min_bytes: int, writable_too: bool) -> l
     """A step, batch, act or actions message's frame as buffers for one gather write: array data of
     ``min_bytes`` or more from the arrays' own memory (read-only memory only, unless ``writable_too``),
     the rest encoded; None for other messages. Joined, the bytes of ``encode_hot_frame``."""
+    if _NATIVE is not None:
+        buffers: list[Buffer] | None = _NATIVE.encode(message, min_bytes, writable_too)
+        if buffers is not None:
+            return buffers
+    return typed_frame_buffers(message, min_bytes, writable_too)
+
+
+def typed_frame_buffers(message: Message, min_bytes: int, writable_too: bool) -> list[Buffer] | None:
+    """``hot_frame_buffers``' Python way: large arrays stood in by a marker in msgspec's encoding, then spliced."""
     refs = _References(min_bytes, writable_too)
     out = _out(message, refs)
     if out is None:

@@ -1,0 +1,840 @@
+/* The per-step messages (step, batch, act, actions) between msgpack bodies and message objects, in C.
+ *
+ * The same job as broker/protocol/hot.py, for the bodies this package's encoders write, without a Python
+ * object per field: the body is read once, each array becomes a numpy view of it, the checks hot.py makes
+ * (dtype names, shapes against data lengths, row counts, limits, finite rewards) are made on the way, and the
+ * message is built by the message classes' own ``unchecked`` constructors. Encoding walks the message's
+ * parts and writes the bytes msgspec writes for hot.py's structs, large arrays by reference.
+ *
+ * It accepts a subset of what hot.py accepts (keys in the order the encoders write them, unsigned integers,
+ * no infos) and gives the same message; anything else returns None and goes the Python way, which decides
+ * and words every refusal. tests/test_native.py checks both ways agree, byte for byte and field for field.
+ * No I/O, no state but what configure() is given once.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#error "the wire is little-endian and this module views it in place: build without it (GDRL_BROKER_PURE=1)"
+#endif
+
+#define N_DTYPES 11
+#define MAX_NDIM_C 32
+
+/* --- what configure() hands over: the one place of each fact stays in Python ------------------------- */
+
+static struct {
+    int ready;
+    PyObject *step_data_type, *game_step_type, *batch_type, *act_type, *actions_type;
+    PyObject *step_data_new, *game_step_new, *batch_new, *act_new, *actions_new; /* the unchecked builders */
+    PyObject *dtype_names[N_DTYPES];  /* str, the wire names */
+    PyArray_Descr *dtypes[N_DTYPES];  /* their numpy dtypes */
+    Py_ssize_t max_array_keys, max_text, max_groups, max_ndim;
+    uint64_t int_max;
+    PyObject *empty_str;
+    /* attribute names, interned */
+    PyObject *s_tick, *s_groups, *s_step, *s_data, *s_policy, *s_actions, *s_obs, *s_reward, *s_terminated,
+        *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B;
+} cfg;
+
+/* --- reading msgpack ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    const unsigned char *p, *end;
+} Reader;
+
+static int need(Reader *r, Py_ssize_t n) { return r->end - r->p >= n; }
+
+static uint64_t be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* A container or string header: ``fix`` is the fix-form's first byte, ``mask`` its length bits, then the
+ * 8/16/32-bit forms' first bytes (0 where the kind has none). */
+static int read_len(Reader *r, unsigned fix, unsigned mask, unsigned c8, unsigned c16, unsigned c32, Py_ssize_t *n) {
+    if (!need(r, 1)) return 0;
+    unsigned c = r->p[0];
+    if ((c & ~mask) == fix) {
+        *n = c & mask;
+        r->p += 1;
+        return 1;
+    }
+    int width = c8 && c == c8 ? 1 : c == c16 ? 2 : c == c32 ? 4 : 0;
+    if (!width || !need(r, 1 + width)) return 0;
+    *n = (Py_ssize_t)be(r->p + 1, width);
+    r->p += 1 + width;
+    return 1;
+}
+
+static int read_map(Reader *r, Py_ssize_t *n) { return read_len(r, 0x80, 0x0f, 0, 0xde, 0xdf, n); }
+static int read_array(Reader *r, Py_ssize_t *n) { return read_len(r, 0x90, 0x0f, 0, 0xdc, 0xdd, n); }
+
+static int read_str(Reader *r, const char **s, Py_ssize_t *n) {
+    if (!read_len(r, 0xa0, 0x1f, 0xd9, 0xda, 0xdb, n) || !need(r, *n)) return 0;
+    *s = (const char *)r->p;
+    r->p += *n;
+    return 1;
+}
+
+static int read_bin(Reader *r, const unsigned char **s, Py_ssize_t *n) {
+    if (!need(r, 1)) return 0;
+    unsigned c = r->p[0];
+    int width = c == 0xc4 ? 1 : c == 0xc5 ? 2 : c == 0xc6 ? 4 : 0;
+    if (!width || !need(r, 1 + width)) return 0;
+    *n = (Py_ssize_t)be(r->p + 1, width);
+    r->p += 1 + width;
+    if (!need(r, *n)) return 0;
+    *s = r->p;
+    r->p += *n;
+    return 1;
+}
+
+/* A non-negative integer in any unsigned form (a game may patch its tick into a fixed-width uint32). */
+static int read_uint(Reader *r, uint64_t *v) {
+    if (!need(r, 1)) return 0;
+    unsigned c = r->p[0];
+    if (c <= 0x7f) {
+        *v = c;
+        r->p += 1;
+        return 1;
+    }
+    int width = c == 0xcc ? 1 : c == 0xcd ? 2 : c == 0xce ? 4 : c == 0xcf ? 8 : 0;
+    if (!width || !need(r, 1 + width)) return 0;
+    *v = be(r->p + 1, width);
+    r->p += 1 + width;
+    return 1;
+}
+
+static int is_nil(Reader *r) {
+    if (need(r, 1) && r->p[0] == 0xc0) {
+        r->p += 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* The next key is ``key`` (consumed), or nothing is consumed. */
+static int key_is(Reader *r, const char *key) {
+    Reader probe = *r;
+    const char *s;
+    Py_ssize_t n;
+    size_t len = strlen(key);
+    if (!read_str(&probe, &s, &n) || (size_t)n != len || memcmp(s, key, len) != 0) return 0;
+    *r = probe;
+    return 1;
+}
+
+static PyObject *read_text(Reader *r) {
+    const char *s;
+    Py_ssize_t n;
+    if (!read_str(r, &s, &n)) return NULL;
+    PyObject *text = PyUnicode_DecodeUTF8(s, n, NULL);
+    if (text == NULL) PyErr_Clear();
+    return text;
+}
+
+/* --- arrays ------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *base;             /* what every view keeps alive: the body */
+    const unsigned char *start; /* the body's first byte */
+    int writable;
+} Body;
+
+static int dtype_index(const char *s, Py_ssize_t n) {
+    for (int i = 0; i < N_DTYPES; i++) {
+        Py_ssize_t len;
+        const char *name = PyUnicode_AsUTF8AndSize(cfg.dtype_names[i], &len);
+        if (len == n && memcmp(name, s, n) == 0) return i;
+    }
+    return -1;
+}
+
+/* {"dtype", "shape", "data"}: a view of the data, which must fill the shape exactly. NULL: not this way. */
+static PyObject *read_ndarray(Reader *r, Body *body) {
+    Py_ssize_t entries, ndim, nbytes;
+    const char *name;
+    Py_ssize_t name_len;
+    const unsigned char *data;
+    npy_intp dims[MAX_NDIM_C];
+    if (!read_map(r, &entries) || entries != 3 || !key_is(r, "dtype") || !read_str(r, &name, &name_len)) return NULL;
+    int dtype = dtype_index(name, name_len);
+    if (dtype < 0 || !key_is(r, "shape") || !read_array(r, &ndim) || ndim > cfg.max_ndim || ndim > MAX_NDIM_C)
+        return NULL;
+    uint64_t count = 1;
+    for (Py_ssize_t i = 0; i < ndim; i++) {
+        uint64_t size;
+        if (!read_uint(r, &size) || size > (uint64_t)PY_SSIZE_T_MAX) return NULL;
+        dims[i] = (npy_intp)size;
+        if (size && count > (uint64_t)PY_SSIZE_T_MAX / size) return NULL;
+        count *= size;
+    }
+    if (!key_is(r, "data") || !read_bin(r, &data, &nbytes)) return NULL;
+    PyArray_Descr *descr = cfg.dtypes[dtype];
+    if (count > (uint64_t)PY_SSIZE_T_MAX / (uint64_t)PyDataType_ELSIZE(descr) || count * (uint64_t)PyDataType_ELSIZE(descr) != (uint64_t)nbytes)
+        return NULL;
+    Py_INCREF(descr); /* stolen by the constructor */
+    int flags = NPY_ARRAY_C_CONTIGUOUS | (body->writable ? NPY_ARRAY_WRITEABLE : 0);
+    PyObject *array =
+        PyArray_NewFromDescr(&PyArray_Type, descr, (int)ndim, dims, NULL, (void *)data, flags, NULL);
+    if (array == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_INCREF(body->base);
+    if (PyArray_SetBaseObject((PyArrayObject *)array, body->base) < 0) {
+        PyErr_Clear();
+        Py_DECREF(array);
+        return NULL;
+    }
+    return array;
+}
+
+/* A map of key -> array, each with ``rows`` leading rows unless ``rows`` < 0. */
+static PyObject *read_arrays(Reader *r, Body *body, Py_ssize_t rows) {
+    Py_ssize_t n;
+    if (!read_map(r, &n) || n > cfg.max_array_keys) return NULL;
+    PyObject *arrays = PyDict_New();
+    if (arrays == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = read_text(r);
+        PyObject *array = key ? read_ndarray(r, body) : NULL;
+        int ok = array != NULL;
+        if (ok && rows >= 0) {
+            PyArrayObject *a = (PyArrayObject *)array;
+            ok = PyArray_NDIM(a) >= 1 && PyArray_DIMS(a)[0] == rows;
+        }
+        if (ok) ok = PyDict_SetItem(arrays, key, array) == 0;
+        Py_XDECREF(key);
+        Py_XDECREF(array);
+        if (!ok) {
+            PyErr_Clear();
+            Py_DECREF(arrays);
+            return NULL;
+        }
+    }
+    return arrays;
+}
+
+static int has(PyObject *array, int ndim, int type_num) {
+    PyArrayObject *a = (PyArrayObject *)array;
+    return PyArray_NDIM(a) == ndim && PyArray_TYPE(a) == type_num;
+}
+
+static int finite_f32(const float *v, npy_intp n) {
+    for (npy_intp i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+static int finite_f64(const double *v, npy_intp n) {
+    for (npy_intp i = 0; i < n; i++)
+        if (!isfinite(v[i])) return 0;
+    return 1;
+}
+
+/* --- step data: obs, reward, terminated, truncated, [final], [frames] ----------------------------------- */
+
+/* Reads the step data's fields (``fields`` of them, the map header already read) into a StepData; for a
+ * batch, a trailing "policy" is left for the caller (``fields`` then counts it out). NULL: not this way. */
+static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
+    PyObject *obs = NULL, *reward = NULL, *terminated = NULL, *truncated = NULL;
+    PyObject *final_index = NULL, *final_obs = NULL, *frames = NULL, *result = NULL;
+    if (fields < 4 || fields > 6 || !key_is(r, "obs") || !(obs = read_arrays(r, body, -1))) goto done;
+    if (!key_is(r, "reward") || !(reward = read_ndarray(r, body)) || !has(reward, 1, NPY_FLOAT32)) goto done;
+    npy_intp n = PyArray_DIMS((PyArrayObject *)reward)[0];
+    if (!finite_f32((const float *)PyArray_DATA((PyArrayObject *)reward), n)) goto done;
+    if (!key_is(r, "terminated") || !(terminated = read_ndarray(r, body)) || !has(terminated, 1, NPY_BOOL) ||
+        PyArray_DIMS((PyArrayObject *)terminated)[0] != n)
+        goto done;
+    if (!key_is(r, "truncated") || !(truncated = read_ndarray(r, body)) || !has(truncated, 1, NPY_BOOL) ||
+        PyArray_DIMS((PyArrayObject *)truncated)[0] != n)
+        goto done;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(obs, &pos, &key, &value)) {
+        PyArrayObject *a = (PyArrayObject *)value;
+        if (PyArray_NDIM(a) < 1 || PyArray_DIMS(a)[0] != n) goto done;
+    }
+    Py_ssize_t left = fields - 4;
+    if (left && key_is(r, "final")) {
+        left--;
+        if (!is_nil(r)) {
+            Py_ssize_t entries;
+            if (!read_map(r, &entries) || entries != 2 || !key_is(r, "index")) goto done;
+            if (!(final_index = read_ndarray(r, body)) || !has(final_index, 1, NPY_INT32)) goto done;
+            npy_intp k = PyArray_DIMS((PyArrayObject *)final_index)[0];
+            const int32_t *rows = (const int32_t *)PyArray_DATA((PyArrayObject *)final_index);
+            for (npy_intp i = 0; i < k; i++)
+                if (rows[i] < 0 || rows[i] >= n) goto done;
+            if (!key_is(r, "obs") || !(final_obs = read_arrays(r, body, k))) goto done;
+        }
+    }
+    if (left && key_is(r, "frames")) {
+        left--;
+        if (!(frames = read_ndarray(r, body)) || !has(frames, 1, NPY_INT32) ||
+            PyArray_DIMS((PyArrayObject *)frames)[0] != n)
+            goto done;
+    }
+    if (left) goto done; /* infos, or anything else: the Python way */
+    PyObject *args[] = {obs, reward, terminated, truncated, final_index ? final_index : Py_None,
+                        final_obs ? final_obs : Py_None, Py_None, frames ? frames : Py_None};
+    result = PyObject_Vectorcall(cfg.step_data_new, args, 8, NULL);
+done:
+    if (result == NULL) PyErr_Clear();
+    Py_XDECREF(obs);
+    Py_XDECREF(reward);
+    Py_XDECREF(terminated);
+    Py_XDECREF(truncated);
+    Py_XDECREF(final_index);
+    Py_XDECREF(final_obs);
+    Py_XDECREF(frames);
+    return result;
+}
+
+static PyObject *read_counter(Reader *r) {
+    uint64_t v;
+    if (!read_uint(r, &v) || v > cfg.int_max) return NULL;
+    return PyLong_FromUnsignedLongLong(v);
+}
+
+/* A trailing "policy" (batch, act): the text, or "" when absent. */
+static PyObject *read_policy(Reader *r, int present) {
+    if (!present) {
+        Py_INCREF(cfg.empty_str);
+        return cfg.empty_str;
+    }
+    PyObject *policy = key_is(r, "policy") ? read_text(r) : NULL;
+    if (policy != NULL && PyUnicode_GET_LENGTH(policy) > cfg.max_text) Py_CLEAR(policy);
+    return policy;
+}
+
+/* factory(a, b[, c]); the arguments are dropped, and NULL (not this way) if any is missing. */
+static PyObject *build(PyObject *factory, Py_ssize_t nargs, PyObject *a, PyObject *b, PyObject *c) {
+    PyObject *args[] = {a, b, c};
+    PyObject *message = a && b && (nargs == 2 || c) ? PyObject_Vectorcall(factory, args, nargs, NULL) : NULL;
+    if (message == NULL) PyErr_Clear();
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_XDECREF(c);
+    return message;
+}
+
+static PyObject *decode_step(Reader *r, Body *body, Py_ssize_t entries) {
+    Py_ssize_t n;
+    if (entries != 3 || !key_is(r, "tick")) return NULL;
+    PyObject *tick = read_counter(r);
+    if (tick == NULL || !key_is(r, "groups") || !read_map(r, &n) || n < 1 || n > cfg.max_groups) {
+        Py_XDECREF(tick);
+        return NULL;
+    }
+    PyObject *groups = PyDict_New();
+    for (Py_ssize_t i = 0; groups && i < n; i++) {
+        Py_ssize_t fields;
+        PyObject *name = read_text(r);
+        PyObject *data = name && read_map(r, &fields) ? read_step_data(r, body, fields) : NULL;
+        if (data == NULL || PyDict_SetItem(groups, name, data) < 0) Py_CLEAR(groups);
+        Py_XDECREF(name);
+        Py_XDECREF(data);
+    }
+    PyErr_Clear();
+    return build(cfg.game_step_new, 2, tick, groups, NULL);
+}
+
+static PyObject *decode_batch(Reader *r, Body *body, Py_ssize_t entries) {
+    if (entries < 6 || !key_is(r, "step")) return NULL;
+    PyObject *step = read_counter(r);
+    if (step == NULL) return NULL;
+    /* A policy (samplers' batches) comes last: the step data has the rest. */
+    Reader probe = *r;
+    Py_ssize_t fields = entries - 2;
+    PyObject *data = read_step_data(&probe, body, fields);
+    int with_policy = 0;
+    if (data == NULL) {
+        probe = *r;
+        data = read_step_data(&probe, body, fields - 1);
+        with_policy = 1;
+    }
+    *r = probe;
+    PyObject *policy = data ? read_policy(r, with_policy) : NULL;
+    return build(cfg.batch_new, 3, step, data, policy);
+}
+
+static PyObject *decode_act(Reader *r, Body *body, Py_ssize_t entries) {
+    if ((entries != 3 && entries != 4) || !key_is(r, "step")) return NULL;
+    PyObject *step = read_counter(r);
+    PyObject *actions = step && key_is(r, "actions") ? read_arrays(r, body, -1) : NULL;
+    PyObject *policy = actions ? read_policy(r, entries == 4) : NULL;
+    return build(cfg.act_new, 3, step, actions, policy);
+}
+
+static PyObject *decode_actions(Reader *r, Body *body, Py_ssize_t entries) {
+    Py_ssize_t n;
+    if (entries != 3 || !key_is(r, "tick")) return NULL;
+    PyObject *tick = read_counter(r);
+    if (tick == NULL || !key_is(r, "groups") || !read_map(r, &n) || n > cfg.max_groups) {
+        Py_XDECREF(tick);
+        return NULL;
+    }
+    PyObject *groups = PyDict_New();
+    for (Py_ssize_t i = 0; groups && i < n; i++) {
+        PyObject *name = read_text(r);
+        PyObject *arrays = name ? read_arrays(r, body, -1) : NULL;
+        if (arrays == NULL || PyDict_SetItem(groups, name, arrays) < 0) Py_CLEAR(groups);
+        Py_XDECREF(name);
+        Py_XDECREF(arrays);
+    }
+    PyErr_Clear();
+    return build(cfg.actions_new, 2, tick, groups, NULL);
+}
+
+static PyObject *native_decode(PyObject *self, PyObject *arg) {
+    if (!cfg.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "broker.protocol._native is not configured");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    /* The arrays keep a view alive, never a bare bytearray, whose memory could move under them. */
+    PyObject *base = PyBytes_CheckExact(arg) || PyMemoryView_Check(arg) ? (Py_INCREF(arg), arg) : PyMemoryView_FromObject(arg);
+    Body body = {base, view.buf, !view.readonly};
+    Reader r = {view.buf, (const unsigned char *)view.buf + view.len};
+    PyObject *message = NULL;
+    Py_ssize_t entries;
+    const char *type;
+    Py_ssize_t type_len;
+    if (base != NULL && read_map(&r, &entries) && key_is(&r, "type") && read_str(&r, &type, &type_len)) {
+        if (type_len == 4 && memcmp(type, "step", 4) == 0)
+            message = decode_step(&r, &body, entries);
+        else if (type_len == 5 && memcmp(type, "batch", 5) == 0)
+            message = decode_batch(&r, &body, entries);
+        else if (type_len == 3 && memcmp(type, "act", 3) == 0)
+            message = decode_act(&r, &body, entries);
+        else if (type_len == 7 && memcmp(type, "actions", 7) == 0)
+            message = decode_actions(&r, &body, entries);
+        if (message != NULL && r.p != r.end) Py_CLEAR(message); /* trailing bytes */
+    }
+    PyErr_Clear();
+    Py_XDECREF(base);
+    PyBuffer_Release(&view);
+    if (message == NULL) Py_RETURN_NONE;
+    return message;
+}
+
+/* --- writing msgpack ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned char *buf;
+    Py_ssize_t len, cap;
+    PyObject *parts;        /* list: the encoded pieces and the referenced arrays' memory, in order */
+    Py_ssize_t piece_start; /* where the piece being written began */
+    Py_ssize_t total;       /* body bytes, referenced ones included */
+    Py_ssize_t min_bytes;   /* arrays of this many bytes or more go by reference (< 0: never) */
+    int writable_too;
+} Writer;
+
+static int grow(Writer *w, Py_ssize_t n) {
+    if (w->len + n <= w->cap) return 1;
+    Py_ssize_t cap = w->cap * 2 > w->len + n ? w->cap * 2 : w->len + n + 256;
+    unsigned char *buf = PyMem_Realloc(w->buf, cap);
+    if (buf == NULL) return 0;
+    w->buf = buf;
+    w->cap = cap;
+    return 1;
+}
+
+static int put(Writer *w, const void *data, Py_ssize_t n) {
+    if (!grow(w, n)) return 0;
+    memcpy(w->buf + w->len, data, n);
+    w->len += n;
+    return 1;
+}
+
+static int put_be(Writer *w, unsigned first, uint64_t v, int width) {
+    unsigned char b[9];
+    b[0] = (unsigned char)first;
+    for (int i = 0; i < width; i++) b[1 + i] = (unsigned char)(v >> (8 * (width - 1 - i)));
+    return put(w, b, 1 + width);
+}
+
+static int put_len(Writer *w, unsigned fix, Py_ssize_t fix_max, unsigned c8, unsigned c16, unsigned c32, Py_ssize_t n) {
+    if (n <= fix_max) return put_be(w, fix | (unsigned)n, 0, 0);
+    if (c8 && n < 0x100) return put_be(w, c8, n, 1);
+    if (n < 0x10000) return put_be(w, c16, n, 2);
+    return put_be(w, c32, n, 4);
+}
+
+static int put_map(Writer *w, Py_ssize_t n) { return put_len(w, 0x80, 15, 0, 0xde, 0xdf, n); }
+static int put_array(Writer *w, Py_ssize_t n) { return put_len(w, 0x90, 15, 0, 0xdc, 0xdd, n); }
+static int put_bin_header(Writer *w, Py_ssize_t n) { return put_len(w, 0, -1, 0xc4, 0xc5, 0xc6, n); }
+
+static int put_str(Writer *w, const char *s, Py_ssize_t n) {
+    return put_len(w, 0xa0, 31, 0xd9, 0xda, 0xdb, n) && put(w, s, n);
+}
+
+static int put_cstr(Writer *w, const char *s) { return put_str(w, s, (Py_ssize_t)strlen(s)); }
+
+static int put_text(Writer *w, PyObject *text) {
+    Py_ssize_t n;
+    const char *s = PyUnicode_Check(text) ? PyUnicode_AsUTF8AndSize(text, &n) : NULL;
+    return s != NULL && put_str(w, s, n);
+}
+
+/* msgspec's integers: the smallest form. */
+static int put_uint(Writer *w, uint64_t u) {
+    if (u <= 0x7f) return put_be(w, (unsigned)u, 0, 0);
+    if (u <= 0xff) return put_be(w, 0xcc, u, 1);
+    if (u <= 0xffff) return put_be(w, 0xcd, u, 2);
+    if (u <= 0xffffffffULL) return put_be(w, 0xce, u, 4);
+    return put_be(w, 0xcf, u, 8);
+}
+
+static int put_int(Writer *w, PyObject *value) {
+    if (!PyLong_Check(value)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) return 0;
+    if (v >= 0) return put_uint(w, (uint64_t)v);
+    if (v >= -32) return put_be(w, (unsigned)(v & 0xff), 0, 0);
+    if (v >= -128) return put_be(w, 0xd0, (uint64_t)v & 0xff, 1);
+    if (v >= -32768) return put_be(w, 0xd1, (uint64_t)v & 0xffff, 2);
+    if (v >= -2147483648LL) return put_be(w, 0xd2, (uint64_t)v & 0xffffffffULL, 4);
+    return put_be(w, 0xd3, (uint64_t)v, 8);
+}
+
+static int wire_dtype(PyArrayObject *a) {
+    PyArray_Descr *d = PyArray_DESCR(a);
+    if (d->byteorder == '>' || PyDataType_HASFIELDS(d) || PyDataType_HASSUBARRAY(d)) return -1;
+    for (int i = 0; i < N_DTYPES; i++)
+        if (cfg.dtypes[i]->kind == d->kind && PyDataType_ELSIZE(cfg.dtypes[i]) == PyDataType_ELSIZE(d)) return i;
+    return -1;
+}
+
+/* Ends the piece being written and appends ``memory`` after it. */
+static int put_reference(Writer *w, PyObject *array, Py_ssize_t nbytes) {
+    if (w->len > w->piece_start) {
+        PyObject *piece = PyBytes_FromStringAndSize((const char *)w->buf + w->piece_start, w->len - w->piece_start);
+        int ok = piece != NULL && PyList_Append(w->parts, piece) == 0;
+        Py_XDECREF(piece);
+        if (!ok) return 0;
+    }
+    PyObject *view = PyMemoryView_FromObject(array);
+    PyObject *bytes = view ? PyObject_CallMethodOneArg(view, cfg.s_cast, cfg.s_B) : NULL;
+    Py_XDECREF(view);
+    int ok = bytes != NULL && PyList_Append(w->parts, bytes) == 0;
+    Py_XDECREF(bytes);
+    w->piece_start = w->len;
+    w->total += nbytes;
+    return ok;
+}
+
+/* {"dtype", "shape", "data"} as hot._array_out writes it; 0: not this way (a cast, a copy or a 0-d array). */
+static int put_ndarray(Writer *w, PyObject *value, int by_reference) {
+    if (!PyArray_Check(value)) return 0;
+    PyArrayObject *a = (PyArrayObject *)value;
+    int dtype = wire_dtype(a);
+    int ndim = PyArray_NDIM(a);
+    if (dtype < 0 || ndim == 0 || !PyArray_IS_C_CONTIGUOUS(a)) return 0;
+    if (!put_map(w, 3) || !put_cstr(w, "dtype") || !put_text(w, cfg.dtype_names[dtype]) || !put_cstr(w, "shape") ||
+        !put_array(w, ndim))
+        return 0;
+    for (int i = 0; i < ndim; i++)
+        if (!put_uint(w, (uint64_t)PyArray_DIMS(a)[i])) return 0;
+    Py_ssize_t nbytes = PyArray_NBYTES(a);
+    if (!put_cstr(w, "data") || !put_bin_header(w, nbytes)) return 0;
+    if (by_reference && w->min_bytes >= 0 && nbytes >= w->min_bytes && (w->writable_too || !PyArray_ISWRITEABLE(a)))
+        return put_reference(w, value, nbytes);
+    return put(w, PyArray_DATA(a), nbytes);
+}
+
+static int put_arrays(Writer *w, PyObject *arrays, int by_reference) {
+    if (!PyDict_Check(arrays) || !put_map(w, PyDict_GET_SIZE(arrays))) return 0;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(arrays, &pos, &key, &value))
+        if (!put_text(w, key) || !put_ndarray(w, value, by_reference)) return 0;
+    return 1;
+}
+
+/* A StepData's parts, read before anything is written: the map headers need their counts first. */
+typedef struct {
+    PyObject *obs, *reward, *terminated, *truncated, *final_index, *final_obs, *infos, *frames;
+    int with_final;
+    Py_ssize_t count; /* fields to write: hot._step_data_parts under msgspec's omit_defaults */
+} Parts;
+
+static void drop_parts(Parts *p) {
+    Py_XDECREF(p->obs);
+    Py_XDECREF(p->reward);
+    Py_XDECREF(p->terminated);
+    Py_XDECREF(p->truncated);
+    Py_XDECREF(p->final_index);
+    Py_XDECREF(p->final_obs);
+    Py_XDECREF(p->infos);
+    Py_XDECREF(p->frames);
+}
+
+static int get_parts(PyObject *data, Parts *p) {
+    memset(p, 0, sizeof *p);
+    p->obs = PyObject_GetAttr(data, cfg.s_obs);
+    p->reward = PyObject_GetAttr(data, cfg.s_reward);
+    p->terminated = PyObject_GetAttr(data, cfg.s_terminated);
+    p->truncated = PyObject_GetAttr(data, cfg.s_truncated);
+    p->final_index = PyObject_GetAttr(data, cfg.s_final_index);
+    p->final_obs = PyObject_GetAttr(data, cfg.s_final_obs);
+    p->infos = PyObject_GetAttr(data, cfg.s_infos);
+    p->frames = PyObject_GetAttr(data, cfg.s_frames);
+    if (!p->obs || !p->reward || !p->terminated || !p->truncated || !p->final_index || !p->final_obs || !p->infos ||
+        !p->frames)
+        return 0;
+    if (PyObject_IsTrue(p->infos) != 0) return 0; /* infos (or an error): the Python way */
+    p->with_final = p->final_index != Py_None && p->final_obs != Py_None && PyObject_Length(p->final_index) > 0;
+    if (PyErr_Occurred()) return 0;
+    p->count = 4 + p->with_final + (p->frames != Py_None);
+    return 1;
+}
+
+static int put_parts(Writer *w, Parts *p) {
+    if (!put_cstr(w, "obs") || !put_arrays(w, p->obs, 1) || !put_cstr(w, "reward") || !put_ndarray(w, p->reward, 0) ||
+        !put_cstr(w, "terminated") || !put_ndarray(w, p->terminated, 0) || !put_cstr(w, "truncated") ||
+        !put_ndarray(w, p->truncated, 0))
+        return 0;
+    if (p->with_final && (!put_cstr(w, "final") || !put_map(w, 2) || !put_cstr(w, "index") ||
+                          !put_ndarray(w, p->final_index, 0) || !put_cstr(w, "obs") || !put_arrays(w, p->final_obs, 1)))
+        return 0;
+    return p->frames == Py_None || (put_cstr(w, "frames") && put_ndarray(w, p->frames, 0));
+}
+
+static int put_batch(Writer *w, PyObject *message) {
+    PyObject *step = PyObject_GetAttr(message, cfg.s_step), *data = PyObject_GetAttr(message, cfg.s_data);
+    PyObject *policy = PyObject_GetAttr(message, cfg.s_policy);
+    int named = policy ? PyObject_IsTrue(policy) : -1;
+    Parts parts = {0};
+    int ok = step && data && named >= 0 && get_parts(data, &parts) && put_map(w, 2 + parts.count + named) &&
+             put_cstr(w, "type") && put_cstr(w, "batch") && put_cstr(w, "step") && put_int(w, step) &&
+             put_parts(w, &parts) && (!named || (put_cstr(w, "policy") && put_text(w, policy)));
+    drop_parts(&parts);
+    Py_XDECREF(step);
+    Py_XDECREF(data);
+    Py_XDECREF(policy);
+    return ok;
+}
+
+static int put_act(Writer *w, PyObject *message) {
+    PyObject *step = PyObject_GetAttr(message, cfg.s_step), *actions = PyObject_GetAttr(message, cfg.s_actions);
+    PyObject *policy = PyObject_GetAttr(message, cfg.s_policy);
+    int named = policy ? PyObject_IsTrue(policy) : -1;
+    int ok = step && actions && named >= 0 && put_map(w, 3 + named) && put_cstr(w, "type") && put_cstr(w, "act") &&
+             put_cstr(w, "step") && put_int(w, step) && put_cstr(w, "actions") && put_arrays(w, actions, 1) &&
+             (!named || (put_cstr(w, "policy") && put_text(w, policy)));
+    Py_XDECREF(step);
+    Py_XDECREF(actions);
+    Py_XDECREF(policy);
+    return ok;
+}
+
+/* A step (groups of step data) or actions (groups of action arrays) message. */
+static int put_groups(Writer *w, PyObject *message, int is_step) {
+    PyObject *tick = PyObject_GetAttr(message, cfg.s_tick), *groups = PyObject_GetAttr(message, cfg.s_groups);
+    int ok = tick && groups && PyDict_Check(groups) && put_map(w, 3) && put_cstr(w, "type") &&
+             put_cstr(w, is_step ? "step" : "actions") && put_cstr(w, "tick") && put_int(w, tick) &&
+             put_cstr(w, "groups") && put_map(w, PyDict_GET_SIZE(groups));
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (ok && PyDict_Next(groups, &pos, &key, &value)) {
+        if (!put_text(w, key)) {
+            ok = 0;
+        } else if (is_step) {
+            Parts parts;
+            ok = get_parts(value, &parts) && put_map(w, parts.count) && put_parts(w, &parts);
+            drop_parts(&parts);
+        } else {
+            ok = put_arrays(w, value, 1);
+        }
+    }
+    Py_XDECREF(tick);
+    Py_XDECREF(groups);
+    return ok;
+}
+
+static int put_message(Writer *w, PyObject *message) {
+    PyTypeObject *type = Py_TYPE(message);
+    if (type == (PyTypeObject *)cfg.batch_type) return put_batch(w, message);
+    if (type == (PyTypeObject *)cfg.act_type) return put_act(w, message);
+    if (type == (PyTypeObject *)cfg.game_step_type) return put_groups(w, message, 1);
+    if (type == (PyTypeObject *)cfg.actions_type) return put_groups(w, message, 0);
+    return 0;
+}
+
+/* encode(message, min_bytes, writable_too) -> list of buffers (the first with the frame header), or None.
+ * Arrays of ``min_bytes`` or more go by reference (read-only ones only, unless ``writable_too``); a negative
+ * ``min_bytes``: none. Joined, the buffers are hot.encode_hot_frame's bytes. */
+static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode(message, min_bytes, writable_too)");
+        return NULL;
+    }
+    if (!cfg.ready) {
+        PyErr_SetString(PyExc_RuntimeError, "broker.protocol._native is not configured");
+        return NULL;
+    }
+    Py_ssize_t min_bytes = PyLong_AsSsize_t(args[1]);
+    if (min_bytes == -1 && PyErr_Occurred()) return NULL;
+    Writer w = {NULL, 0, 0, PyList_New(0), 4, 0, min_bytes, PyObject_IsTrue(args[2])};
+    if (w.parts == NULL) return NULL;
+    PyObject *result = NULL;
+    if (grow(&w, 512)) {
+        w.len = 4; /* the frame header, written last */
+        if (put_message(&w, args[0])) {
+            if (w.len > w.piece_start || PyList_GET_SIZE(w.parts) == 0) {
+                PyObject *piece = PyBytes_FromStringAndSize((const char *)w.buf + w.piece_start, w.len - w.piece_start);
+                if (piece != NULL && PyList_Append(w.parts, piece) == 0) result = w.parts;
+                Py_XDECREF(piece);
+            } else {
+                result = w.parts;
+            }
+        }
+    }
+    if (result != NULL) {
+        /* The header goes in front of the first piece: one write for it and the body's beginning. */
+        uint32_t size = (uint32_t)(w.total + (w.len - 4));
+        unsigned char header[4] = {size & 0xff, (size >> 8) & 0xff, (size >> 16) & 0xff, (size >> 24) & 0xff};
+        PyObject *first = PyList_GET_ITEM(w.parts, 0);
+        PyObject *joined = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(first) + 4);
+        if (joined == NULL || w.total + (w.len - 4) > (Py_ssize_t)UINT32_MAX) {
+            Py_XDECREF(joined);
+            result = NULL;
+        } else {
+            memcpy(PyBytes_AS_STRING(joined), header, 4);
+            memcpy(PyBytes_AS_STRING(joined) + 4, PyBytes_AS_STRING(first), PyBytes_GET_SIZE(first));
+            PyList_SetItem(w.parts, 0, joined); /* steals joined, drops first */
+        }
+    }
+    PyMem_Free(w.buf);
+    if (result == NULL) {
+        Py_DECREF(w.parts);
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return result;
+}
+
+/* all_finite(array) -> bool, or None for what this does not read (the caller's numpy way decides). */
+static PyObject *native_all_finite(PyObject *self, PyObject *arg) {
+    if (!PyArray_Check(arg)) Py_RETURN_NONE;
+    PyArrayObject *a = (PyArrayObject *)arg;
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || PyArray_ISBYTESWAPPED(a)) Py_RETURN_NONE;
+    int ok;
+    if (PyArray_TYPE(a) == NPY_FLOAT32)
+        ok = finite_f32((const float *)PyArray_DATA(a), PyArray_SIZE(a));
+    else if (PyArray_TYPE(a) == NPY_FLOAT64)
+        ok = finite_f64((const double *)PyArray_DATA(a), PyArray_SIZE(a));
+    else
+        Py_RETURN_NONE;
+    return PyBool_FromLong(ok);
+}
+
+/* --- configure ---------------------------------------------------------------------------------------- */
+
+static PyObject *builder(PyObject *type) {
+    return PyObject_GetAttrString(type, "unchecked");
+}
+
+/* configure(step_data, game_step, batch, act, actions, dtypes, limits): the message classes, the wire dtypes
+ * ({name: numpy dtype}, in arrays.DTYPES' order) and the limits (a dict), from their one place in Python. */
+static PyObject *native_configure(PyObject *self, PyObject *args) {
+    PyObject *step_data, *game_step, *batch, *act, *actions, *dtypes, *limits;
+    if (!PyArg_ParseTuple(args, "OOOOOO!O!", &step_data, &game_step, &batch, &act, &actions, &PyDict_Type, &dtypes,
+                          &PyDict_Type, &limits))
+        return NULL;
+    if (PyDict_GET_SIZE(dtypes) != N_DTYPES) {
+        PyErr_SetString(PyExc_ValueError, "expected the 11 wire dtypes");
+        return NULL;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    int i = 0;
+    while (PyDict_Next(dtypes, &pos, &key, &value)) {
+        PyArray_Descr *descr = NULL;
+        if (!PyUnicode_Check(key) || !PyArray_DescrConverter(value, &descr)) {
+            PyErr_SetString(PyExc_ValueError, "dtypes: name -> numpy dtype");
+            return NULL;
+        }
+        Py_INCREF(key);
+        cfg.dtype_names[i] = key;
+        cfg.dtypes[i] = descr;
+        i++;
+    }
+    struct {
+        const char *name;
+        Py_ssize_t *slot;
+    } sizes[] = {{"max_array_keys", &cfg.max_array_keys}, {"max_text", &cfg.max_text},
+                 {"max_groups", &cfg.max_groups}, {"max_ndim", &cfg.max_ndim}};
+    for (size_t j = 0; j < sizeof sizes / sizeof sizes[0]; j++) {
+        PyObject *v = PyDict_GetItemString(limits, sizes[j].name);
+        if (v == NULL || (*sizes[j].slot = PyLong_AsSsize_t(v)) < 0) {
+            PyErr_Format(PyExc_ValueError, "limits: %s missing or negative", sizes[j].name);
+            return NULL;
+        }
+    }
+    PyObject *int_max = PyDict_GetItemString(limits, "int_max");
+    if (int_max == NULL || (cfg.int_max = PyLong_AsUnsignedLongLong(int_max)) == (uint64_t)-1) {
+        PyErr_SetString(PyExc_ValueError, "limits: int_max missing");
+        return NULL;
+    }
+    PyObject *types[] = {step_data, game_step, batch, act, actions};
+    PyObject **type_slots[] = {&cfg.step_data_type, &cfg.game_step_type, &cfg.batch_type, &cfg.act_type,
+                               &cfg.actions_type};
+    PyObject **new_slots[] = {&cfg.step_data_new, &cfg.game_step_new, &cfg.batch_new, &cfg.act_new,
+                              &cfg.actions_new};
+    for (int j = 0; j < 5; j++) {
+        PyObject *made = builder(types[j]);
+        if (made == NULL) return NULL;
+        Py_INCREF(types[j]);
+        *type_slots[j] = types[j];
+        *new_slots[j] = made;
+    }
+    cfg.ready = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", native_configure, METH_VARARGS, "Hand over the message classes, wire dtypes and limits."},
+    {"decode", native_decode, METH_O, "A step, batch, act or actions message from a msgpack body, or None."},
+    {"encode", (PyCFunction)(void (*)(void))native_encode, METH_FASTCALL,
+     "encode(message, min_bytes, writable_too): the frame as buffers, or None."},
+    {"all_finite", native_all_finite, METH_O, "Whether a float array has no NaN or infinity; None: not read here."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    import_array();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    struct {
+        PyObject **slot;
+        const char *text;
+    } names[] = {{&cfg.s_tick, "tick"},       {&cfg.s_groups, "groups"},           {&cfg.s_step, "step"},
+                 {&cfg.s_data, "data"},       {&cfg.s_policy, "policy"},           {&cfg.s_actions, "actions"},
+                 {&cfg.s_obs, "obs"},         {&cfg.s_reward, "reward"},           {&cfg.s_terminated, "terminated"},
+                 {&cfg.s_truncated, "truncated"}, {&cfg.s_final_index, "final_index"}, {&cfg.s_final_obs, "final_obs"},
+                 {&cfg.s_infos, "infos"},     {&cfg.s_frames, "frames"},           {&cfg.s_cast, "cast"},
+                 {&cfg.s_B, "B"},             {&cfg.empty_str, ""}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        *names[i].slot = PyUnicode_InternFromString(names[i].text);
+        if (*names[i].slot == NULL) {
+            Py_DECREF(m);
+            return NULL;
+        }
+    }
+    return m;
+}

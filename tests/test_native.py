@@ -1,0 +1,206 @@
+"""The C codec of the per-step messages (broker/protocol/_native.c) against hot.py's Python way: the same
+bytes out, the same messages in, nothing accepted that the general way refuses, large arrays by reference.
+
+The README's set-up builds it; ``.ci/run`` sets ``GDRL_REQUIRE_COMPILED=1``, so there these tests fail rather
+than skip when it is missing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.protocol import hot
+from broker.protocol.codec import BodyKind, encode_message_frame
+from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.framing import HEADER
+from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
+from broker.protocol.spaces import check_finite
+from tests.test_hot import HOT_VECTORS, _general, _has_infos, _messages, _read_only, _same
+
+NATIVE: Any = hot._NATIVE
+
+
+@pytest.fixture(autouse=True)
+def native_built() -> None:
+    if NATIVE is not None:
+        return
+    reason = "the C codec is not in use (a pure build, GDRL_BROKER_PURE=1, or a stale build)"
+    if os.environ.get("GDRL_REQUIRE_COMPILED") == "1":
+        pytest.fail(f"GDRL_REQUIRE_COMPILED=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _frame(message: Message) -> bytes:
+    return encode_message_frame(BodyKind.MSGPACK, message.to_wire())
+
+
+def test_hot_py_and_the_finite_check_take_the_c_way() -> None:
+    from broker.protocol import spaces
+
+    assert spaces._NATIVE is NATIVE and NATIVE.__file__.endswith(".so")
+
+
+@pytest.mark.parametrize("vector", HOT_VECTORS, ids=lambda v: v["name"])
+def test_every_hot_vector_decodes_and_encodes_as_the_python_way(vector: dict[str, Any]) -> None:
+    frame = bytes.fromhex(vector["hex"])
+    body = frame[HEADER.size :]
+    typed = hot.decode_typed(body)
+    native = NATIVE.decode(body)
+    assert (native is None) == (typed is None)
+    if typed is not None:
+        assert _same(native, typed)
+        assert NATIVE.encode(native, -1, False) == [frame]
+
+
+@settings(max_examples=400, deadline=None)
+@given(_messages)
+def test_random_messages_encode_to_the_same_bytes_and_decode_to_the_same_message(message: Message) -> None:
+    frame = _frame(message)
+    encoded = NATIVE.encode(message, -1, False)
+    if _has_infos(message):
+        assert encoded is None  # free-form infos: the Python way
+    else:
+        assert encoded == [frame]
+    body = frame[HEADER.size :]
+    native = NATIVE.decode(body)
+    typed = hot.decode_typed(body)
+    assert (native is None) == (typed is None)
+    if native is not None:
+        assert _same(native, typed)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_messages, st.data())
+def test_a_damaged_body_is_never_accepted_by_the_c_way_alone(message: Message, data: st.DataObject) -> None:
+    body = bytearray(_frame(message)[HEADER.size :])
+    how = data.draw(st.sampled_from(["flip", "cut", "extend", "byte"]))
+    position = data.draw(st.integers(0, len(body) - 1))
+    if how == "flip":
+        body[position] ^= 1 << data.draw(st.integers(0, 7))
+    elif how == "byte":
+        body[position] = data.draw(st.sampled_from([0x00, 0x7F, 0xC0, 0xC2, 0xC3, 0xCA, 0xCB, 0xD0, 0xFF, 0x90]))
+    elif how == "cut":
+        del body[position:]
+    else:
+        body[position:position] = data.draw(st.binary(min_size=1, max_size=4))
+    frozen = bytes(body)
+    native = NATIVE.decode(frozen)
+    if native is None:
+        return
+    try:
+        general: Message | None = _general(frozen)
+    except RemoteProtocolError:
+        general = None
+    assert general is not None, f"the C way accepted a body the general way refuses: {frozen.hex()}"
+    assert _same(native, general)
+
+
+def _step(rows: int = 2) -> StepData:
+    return StepData(
+        {"obs": np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)},
+        np.zeros(rows, np.float32),
+        np.zeros(rows, np.bool_),
+        np.zeros(rows, np.bool_),
+    )
+
+
+def test_a_fixed_width_tick_and_keys_out_of_order() -> None:
+    """A game may patch its tick into a uint32 (benchmarks/lean_game.py); keys in another order go the Python way."""
+    body = bytearray(_frame(GameStep(5, {"a": _step()}))[HEADER.size :])
+    at = body.index(b"\xa4tick") + len(b"\xa4tick")
+    body[at : at + 1] = b"\xce\x00\x00\x00\x05"
+    message = NATIVE.decode(bytes(body))
+    assert isinstance(message, GameStep) and message.tick == 5 and _same(message, _general(bytes(body)))
+    reordered = hot._ENCODER.encode({"type": "step", "groups": {}, "tick": 1})
+    assert NATIVE.decode(reordered) is None
+
+
+def test_arrays_are_views_of_the_body_writable_only_when_it_is() -> None:
+    body = _frame(GameStep(1, {"a": _step()}))[HEADER.size :]
+    read_only = NATIVE.decode(body)
+    assert not read_only.groups["a"].obs["obs"].flags.writeable
+    owned = memoryview(bytearray(body))
+    writable = NATIVE.decode(owned)
+    obs = writable.groups["a"].obs["obs"]
+    assert obs.flags.writeable and np.shares_memory(obs, np.frombuffer(owned, np.uint8))
+    assert hot.decode_typed(owned).groups["a"].obs["obs"].flags.writeable  # as the Python way gives them
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_reward_that_is_not_finite_goes_the_python_way_which_refuses_it(bad: float) -> None:
+    data = _step()
+    reward = np.array([0.0, bad], np.float32)
+    message = GameStep(1, {"a": StepData(data.obs, reward, data.terminated, data.truncated)})
+    body = _frame(message)[HEADER.size :]
+    assert NATIVE.decode(body) is None and hot.decode_typed(body) is None
+    with pytest.raises(RemoteProtocolError):
+        _general(body)
+
+
+def test_what_the_c_way_does_not_encode_the_python_way_does_to_the_same_bytes() -> None:
+    rows = 4
+    wide = np.arange(rows * 6, dtype=np.float32).reshape(rows, 6)
+    for obs in (wide[:, ::2], wide.astype(">f4")):  # not contiguous, big-endian: the general rules copy them
+        data = StepData({"obs": obs}, np.zeros(rows, np.float32), np.zeros(rows, np.bool_), np.zeros(rows, np.bool_))
+        message = Batch(3, data)
+        assert NATIVE.encode(message, -1, False) is None
+        assert hot.encode_hot_frame(message) == _frame(message)
+    act = TrainerAct(2, {"x": np.array(0.5, np.float32)})  # a 0-d array: the general rules make it 1-d
+    assert NATIVE.encode(act, -1, False) is None and hot.encode_hot_frame(act) == _frame(act)
+
+
+@pytest.mark.parametrize("writable_too", [False, True])
+def test_large_arrays_go_by_reference_and_join_to_the_same_bytes(writable_too: bool) -> None:
+    big = _read_only(np.arange(400 * 64, dtype=np.float32).reshape(400, 64))
+    writable = np.ones((400, 64), np.float32)
+    final_obs = {"obs": _read_only(np.full((2, 64), 7, np.float32)), "other": np.zeros((2, 64), np.float32)}
+    index = np.array([1, 5], np.int32)
+    data = StepData(
+        {"obs": big, "other": writable}, np.zeros(400, np.float32), np.zeros(400, np.bool_), np.ones(400, np.bool_),
+        index, final_obs, {}, np.ones(400, np.int32),
+    )  # fmt: skip
+    for message in (Batch(7, data, "red"), GameStep(9, {"a": data, "b": data})):
+        frame = _frame(message)
+        parts = NATIVE.encode(message, 16 * 1024, writable_too)
+        assert parts is not None and b"".join(bytes(p) for p in parts) == frame
+        referenced = [p for p in parts if isinstance(p, memoryview)]
+        per_message = 2 if writable_too else 1
+        assert len(referenced) == per_message * (2 if isinstance(message, GameStep) else 1)
+        assert np.shares_memory(np.frombuffer(referenced[0], np.float32), big)
+        typed = hot.typed_frame_buffers(message, 16 * 1024, writable_too)
+        assert typed is not None and [bytes(p) for p in parts] == [bytes(p) for p in typed]  # the same pieces
+        assert _same(NATIVE.decode(frame[HEADER.size :]), _general(frame[HEADER.size :]))
+
+
+def test_actions_to_a_game_and_an_act_from_a_sampler() -> None:
+    groups = {"red": {"move": np.ones((3, 2), np.float32)}, "blue": {"pick": np.arange(3, dtype=np.int32)}}
+    actions = GameActions(12, groups)
+    act = TrainerAct(4, {"move": np.zeros((5, 2), np.float32)}, "red")
+    for message in (actions, act, GameActions(0, {})):
+        frame = _frame(message)
+        assert NATIVE.encode(message, -1, False) == [frame]
+        assert _same(NATIVE.decode(frame[HEADER.size :]), _general(frame[HEADER.size :]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_reads_float_arrays_and_leaves_the_rest(dtype: type) -> None:
+    values = np.zeros((3, 4), dtype)
+    assert NATIVE.all_finite(values) is True
+    for bad in (np.nan, np.inf, -np.inf):
+        spoiled = values.copy()
+        spoiled[2, 3] = bad
+        assert NATIVE.all_finite(spoiled) is False
+        with pytest.raises(RemoteProtocolError, match="finite"):
+            check_finite(spoiled, "obs", ErrorCode.BAD_STEP)
+    assert NATIVE.all_finite(values[:, ::2]) is None  # not contiguous: numpy decides
+    assert NATIVE.all_finite(np.zeros(3, np.int32)) is None
+    assert NATIVE.all_finite(values.astype(values.dtype.newbyteorder(">"))) is None
+    strided = np.full((3, 4), np.nan, dtype)[:, ::2]
+    with pytest.raises(RemoteProtocolError, match="finite"):
+        check_finite(strided, "obs", ErrorCode.BAD_STEP)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Final
@@ -26,6 +27,9 @@ HANDSHAKE_TIMEOUT: Final = 10.0  # a broker that accepts but never welcomes us, 
 MIN_GREETING_WINDOW: Final = 1.0  # the greeting's share of the connect timeout, when connecting took it all
 RETRY_NOTICE_AFTER: Final = 2.0  # seconds without a broker before saying that we are retrying
 RETRY_NOTICE_EVERY: Final = 10.0  # and again this often, so a long wait is never silent
+# A blocking socket with the kernel's receive timeout waits for a message with one system call; Python's own
+# timeout puts a poll before every send and receive (two more a step). Where the option is missing: Python's.
+KERNEL_RECV_TIMEOUT: Final = hasattr(socket, "SO_RCVTIMEO") and os.name == "posix"
 NOT_A_BROKER: Final = "not_a_broker"  # something answered at the address, but not with the broker's greeting
 START_BROKER_HINT: Final = "start it with `gdrl-broker serve`, or check the address"
 WRONG_PORT_HINT: Final = (
@@ -159,6 +163,7 @@ class PeerSocket:
             self.close()
             raise BrokerError(ErrorCode.UNEXPECTED_MESSAGE.value, f"expected welcome, got {welcome.TYPE}")
         self.sock.settimeout(self.timeout_recv)
+        self._kernel_timeout: float | None = None
         self.welcome = welcome
 
     def _explain_first_failure(self, exc: BrokerError) -> BrokerError:
@@ -243,6 +248,22 @@ class PeerSocket:
         except OSError as exc:
             raise BrokerError("connection_lost", f"lost the broker at {self.address}: {exc}") from exc
 
+    def set_recv_timeout(self, seconds: float | None) -> None:
+        """How long ``recv`` waits (None: for ever) before it raises ``BrokerError("timeout")``. Nothing to do
+        when it is that already (a change is a system call, and a trainer waits once a step). A socket without
+        a timeout of Python's stays blocking and gets the kernel's receive timeout instead, so sends and
+        receives stay one system call each."""
+        if self.closed:
+            return
+        if KERNEL_RECV_TIMEOUT and self.sock.gettimeout() is None:
+            if seconds != self._kernel_timeout:
+                whole = int(seconds or 0)
+                micros = int(((seconds or 0) - whole) * 1e6)
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, micros))
+                self._kernel_timeout = seconds
+        elif self.sock.gettimeout() != seconds:
+            self.sock.settimeout(seconds)
+
     def recv(self) -> Message:
         while True:
             try:
@@ -265,7 +286,7 @@ class PeerSocket:
             buffer = self.connection.get_buffer()
             try:
                 received = self.sock.recv_into(buffer)
-            except TimeoutError as exc:
+            except (TimeoutError, BlockingIOError) as exc:  # Python's timeout, or the kernel's (SO_RCVTIMEO)
                 raise BrokerError("timeout", f"no message from the broker at {self.address}") from exc
             except OSError as exc:
                 self.close()

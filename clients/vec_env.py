@@ -135,20 +135,19 @@ class BrokerVecEnv(VecEnv):
         WAITING_NOTICE_EVERY seconds, so a long wait is never silent."""
         sock = self._socket
         if sock is None or self.last_waiting is None:
+            if sock is not None:
+                sock.set_recv_timeout(sock.timeout_recv)
             return self._link.recv()
         started = time.monotonic()
-        sock.sock.settimeout(WAITING_NOTICE_EVERY)
-        try:
-            while True:
-                try:
-                    return sock.recv()
-                except BrokerError as exc:
-                    if exc.code != "timeout":
-                        raise
-                    log.info(self.last_waiting, policy=self.policy, waited_s=round(time.monotonic() - started))
-        finally:
-            if not sock.closed:
-                sock.sock.settimeout(sock.timeout_recv)
+        # Kept from one step to the next (each change is a system call): this is the socket's only reader.
+        sock.set_recv_timeout(WAITING_NOTICE_EVERY)
+        while True:
+            try:
+                return sock.recv()
+            except BrokerError as exc:
+                if exc.code != "timeout":
+                    raise
+                log.info(self.last_waiting, policy=self.policy, waited_s=round(time.monotonic() - started))
 
     def _next_batch(self) -> Batch:
         batch = self._await(Batch)

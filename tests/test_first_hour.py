@@ -163,6 +163,37 @@ def test_a_trainer_waiting_for_games_says_so_periodically_and_exits_130_on_ctrl_
     assert any("waited_s=" in line for line in seen), seen  # the repeats say how long it has waited
 
 
+def test_a_trainer_socket_waits_with_the_kernel_receive_timeout_and_stays_blocking(tmp_path: Path) -> None:
+    """The waiting trainer's timed receive: a blocking socket with SO_RCVTIMEO (one system call a receive,
+    no poll before each send and receive), which still ends in BrokerError("timeout") and can be lifted."""
+    import struct
+
+    from broker.protocol import PROTOCOL_VERSION
+    from broker.protocol.messages import Hello
+    from clients.errors import BrokerError
+    from clients.transport import KERNEL_RECV_TIMEOUT, PeerSocket
+
+    with broker_process(tmp_path, "--games", "2") as (_, address):
+        sock = PeerSocket(address, Hello("trainer", PROTOCOL_VERSION, "waits", policy="mover"))
+        try:
+            sock.set_recv_timeout(0.3)
+            assert sock.sock.gettimeout() is None
+            if KERNEL_RECV_TIMEOUT:
+                raw = sock.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+                assert struct.unpack("ll", raw) == (0, 300_000)
+            started = time.monotonic()
+            with pytest.raises(BrokerError) as exc:
+                while True:
+                    sock.recv()  # the broker's waiting notice may come first
+            assert exc.value.code == "timeout" and time.monotonic() - started < 5
+            sock.set_recv_timeout(None)
+            if KERNEL_RECV_TIMEOUT:
+                raw = sock.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+                assert struct.unpack("ll", raw) == (0, 0)
+        finally:
+            sock.close()
+
+
 def test_sim_game_exits_non_zero_after_the_broker_is_gone_for_good(tmp_path: Path) -> None:
     with broker_process(tmp_path) as (broker, address):
         game = spawn_python(

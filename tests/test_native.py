@@ -199,8 +199,57 @@ def test_all_finite_reads_float_arrays_and_leaves_the_rest(dtype: type) -> None:
         with pytest.raises(RemoteProtocolError, match="finite"):
             check_finite(spoiled, "obs", ErrorCode.BAD_STEP)
     assert NATIVE.all_finite(values[:, ::2]) is None  # not contiguous: numpy decides
+    raw = bytearray(values.nbytes + 1)  # a view at an odd offset, as arrays in a frame often are
+    unaligned = np.frombuffer(raw, dtype, count=values.size, offset=1)
+    assert not unaligned.flags.aligned and NATIVE.all_finite(unaligned) is True
+    unaligned[-1] = np.nan
+    assert NATIVE.all_finite(unaligned) is False
     assert NATIVE.all_finite(np.zeros(3, np.int32)) is None
     assert NATIVE.all_finite(values.astype(values.dtype.newbyteorder(">"))) is None
     strided = np.full((3, 4), np.nan, dtype)[:, ::2]
     with pytest.raises(RemoteProtocolError, match="finite"):
         check_finite(strided, "obs", ErrorCode.BAD_STEP)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_episode_end_questions_answer_as_numpy_does(data: st.DataObject) -> None:
+    from broker.core.accumulate import _as_is
+
+    n = data.draw(st.integers(0, 6))
+    terminated = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
+    truncated = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
+    index = None
+    if data.draw(st.booleans()):
+        index = np.array(sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))), np.int32)
+    final_obs = None if index is None or data.draw(st.booleans()) else {"obs": np.zeros((len(index), 2), np.float32)}
+    ended = terminated | truncated
+    assert NATIVE.ended_rows(terminated, truncated) == int(np.count_nonzero(ended))
+    if not ended.any():
+        expected = index is None or len(index) == 0
+    elif index is None or final_obs is None or (terminated & truncated).any():
+        expected = False
+    else:
+        expected = len(index) == int(np.count_nonzero(ended)) and bool(ended[index].all())
+    assert NATIVE.as_is(terminated, truncated, index, final_obs) is expected
+    step = StepData({"obs": np.zeros((n, 2), np.float32)}, np.zeros(n, np.float32), terminated, truncated)
+    assert _as_is(step) is (not ended.any())
+    assert NATIVE.ended_rows(terminated.astype(np.int8), truncated) is None  # not flags: numpy's way
+
+
+def test_configure_refuses_message_classes_it_would_build_wrong() -> None:
+    """The C way builds messages field by field; a class with other fields fails at configure, not later."""
+    from dataclasses import dataclass
+
+    from broker.protocol.arrays import DTYPES
+
+    @dataclass(frozen=True, slots=True)
+    class Renamed:
+        tick: int
+        groupz: dict[str, Any]
+
+    limits = {"max_array_keys": 64, "max_text": 512, "max_groups": 64, "max_ndim": 8, "int_max": 2**63 - 1}
+    with pytest.raises(ValueError, match="other fields"):
+        NATIVE.configure(StepData, Renamed, Batch, TrainerAct, GameActions, DTYPES, limits)
+    body = _frame(GameStep(3, {"a": _step()}))[HEADER.size :]
+    assert type(NATIVE.decode(body)) is GameStep  # the refused call changed nothing

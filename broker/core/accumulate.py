@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from broker.protocol.messages import StepData
+from broker.protocol.native import NATIVE
 from broker.protocol.spaces import GroupSpec
 
 
@@ -52,6 +53,15 @@ class SlotAccumulator:
         if self._first is not None:
             return self._first.terminated | self._first.truncated
         return self.terminated | self.truncated
+
+    def any_closed(self) -> bool:
+        """Whether any row's transition has ended with its episode (asked of every slot an act answers)."""
+        first = self._first
+        if first is not None and NATIVE is not None:
+            count: int | None = NATIVE.ended_rows(first.terminated, first.truncated)
+            if count is not None:
+                return count > 0
+        return bool(self.closed.any())
 
     def mark_not_applied(self, rows: list[int]) -> None:
         """Say in these rows' infos that the actions answering them were not applied (their episode ended)."""
@@ -127,6 +137,10 @@ class SlotAccumulator:
 def _as_is(step: StepData) -> bool:
     """``step`` can be delivered unchanged as a one-tick accumulation: no row both terminated and truncated,
     and every ended row's final observation given by the game (exactly those rows)."""
+    if NATIVE is not None:  # one pass over the flags in C, no temporary arrays
+        known: bool | None = NATIVE.as_is(step.terminated, step.truncated, step.final_index, step.final_obs)
+        if known is not None:
+            return known
     ended = step.terminated | step.truncated
     if not np.count_nonzero(ended):  # cheaper than ended.any() on a step's small arrays
         return step.final_index is None or len(step.final_index) == 0  # an empty or absent final block
@@ -160,7 +174,7 @@ def keep_ended_rows(
 ) -> dict[str, np.ndarray]:
     """Rows whose episode ended after the observation these actions answer keep their ``last`` action
     (zeros before the first), and their info says so."""
-    if accumulator is None or not accumulator.closed.any():
+    if accumulator is None or not accumulator.any_closed():
         return part
     stale = accumulator.closed
     previous = last or group.zero_actions()

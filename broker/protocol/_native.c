@@ -3,7 +3,7 @@
  * The same job as broker/protocol/hot.py, for the bodies this package's encoders write, without a Python
  * object per field: the body is read once, each array becomes a numpy view of it, the checks hot.py makes
  * (dtype names, shapes against data lengths, row counts, limits, finite rewards) are made on the way, and the
- * message is built by the message classes' own ``unchecked`` constructors. Encoding walks the message's
+ * message is built as the message classes' ``unchecked`` constructors build it. Encoding walks the message's
  * parts and writes the bytes msgspec writes for hot.py's structs, large arrays by reference.
  *
  * It accepts a subset of what hot.py accepts (keys in the order the encoders write them, unsigned integers,
@@ -31,7 +31,6 @@
 static struct {
     int ready;
     PyObject *step_data_type, *game_step_type, *batch_type, *act_type, *actions_type;
-    PyObject *step_data_new, *game_step_new, *batch_new, *act_new, *actions_new; /* the unchecked builders */
     PyObject *dtype_names[N_DTYPES];  /* str, the wire names */
     PyArray_Descr *dtypes[N_DTYPES];  /* their numpy dtypes */
     Py_ssize_t max_array_keys, max_text, max_groups, max_ndim;
@@ -41,6 +40,51 @@ static struct {
     PyObject *s_tick, *s_groups, *s_step, *s_data, *s_policy, *s_actions, *s_obs, *s_reward, *s_terminated,
         *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B;
 } cfg;
+
+/* --- building messages ------------------------------------------------------------------------------ */
+
+/* The fields of each message class, in constructor order: configure() checks them against the class's
+ * __slots__, so a changed class fails at import instead of being built wrong. */
+#define MAX_FIELDS 8
+typedef struct {
+    PyObject **type;
+    PyObject **names[MAX_FIELDS];
+    int n;
+} Layout;
+
+static Layout step_data_layout = {&cfg.step_data_type,
+                                  {&cfg.s_obs, &cfg.s_reward, &cfg.s_terminated, &cfg.s_truncated, &cfg.s_final_index,
+                                   &cfg.s_final_obs, &cfg.s_infos, &cfg.s_frames},
+                                  8};
+static Layout game_step_layout = {&cfg.game_step_type, {&cfg.s_tick, &cfg.s_groups}, 2};
+static Layout batch_layout = {&cfg.batch_type, {&cfg.s_step, &cfg.s_data, &cfg.s_policy}, 3};
+static Layout act_layout = {&cfg.act_type, {&cfg.s_step, &cfg.s_actions, &cfg.s_policy}, 3};
+static Layout actions_layout = {&cfg.actions_type, {&cfg.s_tick, &cfg.s_groups}, 2};
+
+/* What the classes' ``unchecked`` does (object.__new__, then object.__setattr__ per field), without the
+ * Python frame: the values were checked on the way in. */
+static PyObject *make(Layout *layout, PyObject **values) {
+    PyObject *empty = PyTuple_New(0);
+    PyObject *message = empty ? PyBaseObject_Type.tp_new((PyTypeObject *)*layout->type, empty, NULL) : NULL;
+    Py_XDECREF(empty);
+    for (int i = 0; message && i < layout->n; i++)
+        if (PyObject_GenericSetAttr(message, *layout->names[i], values[i]) < 0) Py_CLEAR(message);
+    return message;
+}
+
+static int check_layout(Layout *layout, PyObject *type) {
+    PyObject *slots = PyObject_GetAttrString(type, "__slots__");
+    int ok = slots && PyTuple_Check(slots) && PyTuple_GET_SIZE(slots) == layout->n;
+    for (int i = 0; ok && i < layout->n; i++)
+        ok = PyUnicode_Check(PyTuple_GET_ITEM(slots, i)) &&
+             PyUnicode_Compare(PyTuple_GET_ITEM(slots, i), *layout->names[i]) == 0;
+    Py_XDECREF(slots);
+    if (!ok) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%R has other fields than broker/protocol/_native.c builds", type);
+    }
+    return ok;
+}
 
 /* --- reading msgpack ---------------------------------------------------------------------------------- */
 
@@ -228,15 +272,24 @@ static int has(PyObject *array, int ndim, int type_num) {
     return PyArray_NDIM(a) == ndim && PyArray_TYPE(a) == type_num;
 }
 
-static int finite_f32(const float *v, npy_intp n) {
-    for (npy_intp i = 0; i < n; i++)
-        if (!isfinite(v[i])) return 0;
+/* Values are loaded with memcpy: an array viewed in a frame lies wherever msgpack put it, often unaligned. */
+static int finite_f32(const void *data, npy_intp n) {
+    const char *p = data;
+    for (npy_intp i = 0; i < n; i++) {
+        float v;
+        memcpy(&v, p + i * sizeof v, sizeof v);
+        if (!isfinite(v)) return 0;
+    }
     return 1;
 }
 
-static int finite_f64(const double *v, npy_intp n) {
-    for (npy_intp i = 0; i < n; i++)
-        if (!isfinite(v[i])) return 0;
+static int finite_f64(const void *data, npy_intp n) {
+    const char *p = data;
+    for (npy_intp i = 0; i < n; i++) {
+        double v;
+        memcpy(&v, p + i * sizeof v, sizeof v);
+        if (!isfinite(v)) return 0;
+    }
     return 1;
 }
 
@@ -250,7 +303,7 @@ static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
     if (fields < 4 || fields > 6 || !key_is(r, "obs") || !(obs = read_arrays(r, body, -1))) goto done;
     if (!key_is(r, "reward") || !(reward = read_ndarray(r, body)) || !has(reward, 1, NPY_FLOAT32)) goto done;
     npy_intp n = PyArray_DIMS((PyArrayObject *)reward)[0];
-    if (!finite_f32((const float *)PyArray_DATA((PyArrayObject *)reward), n)) goto done;
+    if (!finite_f32(PyArray_DATA((PyArrayObject *)reward), n)) goto done;
     if (!key_is(r, "terminated") || !(terminated = read_ndarray(r, body)) || !has(terminated, 1, NPY_BOOL) ||
         PyArray_DIMS((PyArrayObject *)terminated)[0] != n)
         goto done;
@@ -271,9 +324,12 @@ static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
             if (!read_map(r, &entries) || entries != 2 || !key_is(r, "index")) goto done;
             if (!(final_index = read_ndarray(r, body)) || !has(final_index, 1, NPY_INT32)) goto done;
             npy_intp k = PyArray_DIMS((PyArrayObject *)final_index)[0];
-            const int32_t *rows = (const int32_t *)PyArray_DATA((PyArrayObject *)final_index);
-            for (npy_intp i = 0; i < k; i++)
-                if (rows[i] < 0 || rows[i] >= n) goto done;
+            const char *rows = PyArray_DATA((PyArrayObject *)final_index);
+            for (npy_intp i = 0; i < k; i++) {
+                int32_t row;
+                memcpy(&row, rows + i * sizeof row, sizeof row);
+                if (row < 0 || row >= n) goto done;
+            }
             if (!key_is(r, "obs") || !(final_obs = read_arrays(r, body, k))) goto done;
         }
     }
@@ -284,9 +340,12 @@ static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
             goto done;
     }
     if (left) goto done; /* infos, or anything else: the Python way */
-    PyObject *args[] = {obs, reward, terminated, truncated, final_index ? final_index : Py_None,
-                        final_obs ? final_obs : Py_None, Py_None, frames ? frames : Py_None};
-    result = PyObject_Vectorcall(cfg.step_data_new, args, 8, NULL);
+    PyObject *infos = PyDict_New(); /* each its own, as unchecked() gives it */
+    if (infos == NULL) goto done;
+    PyObject *values[] = {obs, reward, terminated, truncated, final_index ? final_index : Py_None,
+                          final_obs ? final_obs : Py_None, infos, frames ? frames : Py_None};
+    result = make(&step_data_layout, values);
+    Py_DECREF(infos);
 done:
     if (result == NULL) PyErr_Clear();
     Py_XDECREF(obs);
@@ -316,10 +375,10 @@ static PyObject *read_policy(Reader *r, int present) {
     return policy;
 }
 
-/* factory(a, b[, c]); the arguments are dropped, and NULL (not this way) if any is missing. */
-static PyObject *build(PyObject *factory, Py_ssize_t nargs, PyObject *a, PyObject *b, PyObject *c) {
-    PyObject *args[] = {a, b, c};
-    PyObject *message = a && b && (nargs == 2 || c) ? PyObject_Vectorcall(factory, args, nargs, NULL) : NULL;
+/* The message of ``layout`` from a, b[, c]; the values are dropped, and NULL (not this way) if any is missing. */
+static PyObject *build(Layout *layout, PyObject *a, PyObject *b, PyObject *c) {
+    PyObject *values[] = {a, b, c};
+    PyObject *message = a && b && (layout->n == 2 || c) ? make(layout, values) : NULL;
     if (message == NULL) PyErr_Clear();
     Py_XDECREF(a);
     Py_XDECREF(b);
@@ -345,7 +404,7 @@ static PyObject *decode_step(Reader *r, Body *body, Py_ssize_t entries) {
         Py_XDECREF(data);
     }
     PyErr_Clear();
-    return build(cfg.game_step_new, 2, tick, groups, NULL);
+    return build(&game_step_layout, tick, groups, NULL);
 }
 
 static PyObject *decode_batch(Reader *r, Body *body, Py_ssize_t entries) {
@@ -364,7 +423,7 @@ static PyObject *decode_batch(Reader *r, Body *body, Py_ssize_t entries) {
     }
     *r = probe;
     PyObject *policy = data ? read_policy(r, with_policy) : NULL;
-    return build(cfg.batch_new, 3, step, data, policy);
+    return build(&batch_layout, step, data, policy);
 }
 
 static PyObject *decode_act(Reader *r, Body *body, Py_ssize_t entries) {
@@ -372,7 +431,7 @@ static PyObject *decode_act(Reader *r, Body *body, Py_ssize_t entries) {
     PyObject *step = read_counter(r);
     PyObject *actions = step && key_is(r, "actions") ? read_arrays(r, body, -1) : NULL;
     PyObject *policy = actions ? read_policy(r, entries == 4) : NULL;
-    return build(cfg.act_new, 3, step, actions, policy);
+    return build(&act_layout, step, actions, policy);
 }
 
 static PyObject *decode_actions(Reader *r, Body *body, Py_ssize_t entries) {
@@ -392,7 +451,7 @@ static PyObject *decode_actions(Reader *r, Body *body, Py_ssize_t entries) {
         Py_XDECREF(arrays);
     }
     PyErr_Clear();
-    return build(cfg.actions_new, 2, tick, groups, NULL);
+    return build(&actions_layout, tick, groups, NULL);
 }
 
 static PyObject *native_decode(PyObject *self, PyObject *arg) {
@@ -730,22 +789,89 @@ static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t
 static PyObject *native_all_finite(PyObject *self, PyObject *arg) {
     if (!PyArray_Check(arg)) Py_RETURN_NONE;
     PyArrayObject *a = (PyArrayObject *)arg;
-    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a) || PyArray_ISBYTESWAPPED(a)) Py_RETURN_NONE;
+    if (!PyArray_IS_C_CONTIGUOUS(a) || PyArray_ISBYTESWAPPED(a)) Py_RETURN_NONE;
     int ok;
     if (PyArray_TYPE(a) == NPY_FLOAT32)
-        ok = finite_f32((const float *)PyArray_DATA(a), PyArray_SIZE(a));
+        ok = finite_f32(PyArray_DATA(a), PyArray_SIZE(a));
     else if (PyArray_TYPE(a) == NPY_FLOAT64)
-        ok = finite_f64((const double *)PyArray_DATA(a), PyArray_SIZE(a));
+        ok = finite_f64(PyArray_DATA(a), PyArray_SIZE(a));
     else
         Py_RETURN_NONE;
     return PyBool_FromLong(ok);
 }
 
-/* --- configure ---------------------------------------------------------------------------------------- */
+/* --- episode ends: the per-step questions the hub asks of a step's flags, without temporary arrays ------ */
 
-static PyObject *builder(PyObject *type) {
-    return PyObject_GetAttrString(type, "unchecked");
+/* A 1-d bool array's bytes, or NULL (the caller's numpy way decides). */
+static const unsigned char *flags_of(PyObject *array, npy_intp n) {
+    if (!PyArray_Check(array)) return NULL;
+    PyArrayObject *a = (PyArrayObject *)array;
+    if (PyArray_TYPE(a) != NPY_BOOL || PyArray_NDIM(a) != 1 || PyArray_DIMS(a)[0] != n || !PyArray_IS_C_CONTIGUOUS(a))
+        return NULL;
+    return PyArray_DATA(a);
 }
+
+static npy_intp rows_of(PyObject *array) {
+    return PyArray_Check(array) && PyArray_NDIM((PyArrayObject *)array) == 1 ? PyArray_DIMS((PyArrayObject *)array)[0]
+                                                                               : -1;
+}
+
+/* ended_rows(terminated, truncated) -> int: rows whose episode ended (either flag), or None. */
+static PyObject *native_ended_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ended_rows(terminated, truncated)");
+        return NULL;
+    }
+    npy_intp n = rows_of(args[0]);
+    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
+    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
+    if (truncated == NULL) Py_RETURN_NONE;
+    npy_intp count = 0;
+    for (npy_intp i = 0; i < n; i++) count += (terminated[i] | truncated[i]) != 0;
+    return PyLong_FromSsize_t(count);
+}
+
+/* as_is(terminated, truncated, final_index, final_obs) -> bool, or None: accumulate._as_is's question (a
+ * step that can be delivered unchanged as one tick: no row both terminated and truncated, and the final
+ * observations given for exactly the rows that ended). */
+static PyObject *native_as_is(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "as_is(terminated, truncated, final_index, final_obs)");
+        return NULL;
+    }
+    npy_intp n = rows_of(args[0]);
+    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
+    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
+    if (truncated == NULL) Py_RETURN_NONE;
+    PyObject *index = args[2];
+    npy_intp ended = 0, both = 0;
+    for (npy_intp i = 0; i < n; i++) {
+        ended += (terminated[i] | truncated[i]) != 0;
+        both += (terminated[i] & truncated[i]) != 0;
+    }
+    if (ended == 0) {
+        if (index == Py_None) Py_RETURN_TRUE;
+        npy_intp k = rows_of(index);
+        if (k < 0) Py_RETURN_NONE;
+        return PyBool_FromLong(k == 0);
+    }
+    if (index == Py_None || args[3] == Py_None || both) Py_RETURN_FALSE;
+    PyArrayObject *a = (PyArrayObject *)index;
+    if (!PyArray_Check(index) || PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(a))
+        Py_RETURN_NONE;
+    npy_intp k = PyArray_DIMS(a)[0];
+    if (k != ended) Py_RETURN_FALSE;
+    const char *rows = PyArray_DATA(a);
+    for (npy_intp i = 0; i < k; i++) {
+        int32_t row;
+        memcpy(&row, rows + i * sizeof row, sizeof row);
+        if (row < 0 || row >= n) Py_RETURN_NONE; /* numpy's indexing decides what that means */
+        if (!(terminated[row] | truncated[row])) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* --- configure ---------------------------------------------------------------------------------------- */
 
 /* configure(step_data, game_step, batch, act, actions, dtypes, limits): the message classes, the wire dtypes
  * ({name: numpy dtype}, in arrays.DTYPES' order) and the limits (a dict), from their one place in Python. */
@@ -754,6 +880,15 @@ static PyObject *native_configure(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOO!O!", &step_data, &game_step, &batch, &act, &actions, &PyDict_Type, &dtypes,
                           &PyDict_Type, &limits))
         return NULL;
+    PyObject *types[] = {step_data, game_step, batch, act, actions};
+    Layout *layouts[] = {&step_data_layout, &game_step_layout, &batch_layout, &act_layout, &actions_layout};
+    for (int j = 0; j < 5; j++) { /* all checked before any is taken */
+        if (!PyType_Check(types[j])) {
+            PyErr_SetString(PyExc_TypeError, "configure: the message classes");
+            return NULL;
+        }
+        if (!check_layout(layouts[j], types[j])) return NULL;
+    }
     if (PyDict_GET_SIZE(dtypes) != N_DTYPES) {
         PyErr_SetString(PyExc_ValueError, "expected the 11 wire dtypes");
         return NULL;
@@ -768,8 +903,8 @@ static PyObject *native_configure(PyObject *self, PyObject *args) {
             return NULL;
         }
         Py_INCREF(key);
-        cfg.dtype_names[i] = key;
-        cfg.dtypes[i] = descr;
+        Py_XSETREF(cfg.dtype_names[i], key);
+        Py_XSETREF(cfg.dtypes[i], descr);
         i++;
     }
     struct {
@@ -789,17 +924,9 @@ static PyObject *native_configure(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "limits: int_max missing");
         return NULL;
     }
-    PyObject *types[] = {step_data, game_step, batch, act, actions};
-    PyObject **type_slots[] = {&cfg.step_data_type, &cfg.game_step_type, &cfg.batch_type, &cfg.act_type,
-                               &cfg.actions_type};
-    PyObject **new_slots[] = {&cfg.step_data_new, &cfg.game_step_new, &cfg.batch_new, &cfg.act_new,
-                              &cfg.actions_new};
     for (int j = 0; j < 5; j++) {
-        PyObject *made = builder(types[j]);
-        if (made == NULL) return NULL;
         Py_INCREF(types[j]);
-        *type_slots[j] = types[j];
-        *new_slots[j] = made;
+        Py_XSETREF(*layouts[j]->type, types[j]);
     }
     cfg.ready = 1;
     Py_RETURN_NONE;
@@ -811,6 +938,10 @@ static PyMethodDef methods[] = {
     {"encode", (PyCFunction)(void (*)(void))native_encode, METH_FASTCALL,
      "encode(message, min_bytes, writable_too): the frame as buffers, or None."},
     {"all_finite", native_all_finite, METH_O, "Whether a float array has no NaN or infinity; None: not read here."},
+    {"ended_rows", (PyCFunction)(void (*)(void))native_ended_rows, METH_FASTCALL,
+     "ended_rows(terminated, truncated): how many rows ended their episode; None: not read here."},
+    {"as_is", (PyCFunction)(void (*)(void))native_as_is, METH_FASTCALL,
+     "as_is(terminated, truncated, final_index, final_obs): accumulate._as_is; None: not read here."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -181,7 +181,8 @@ class BrokerVecEnv(VecEnv):
             raise BrokerError("unexpected_message", "call reset() before step()")
         self.last_actions = actions  # SB3 hands over a fresh array every step: no copy
         try:
-            self._link.send(TrainerAct(self._open_step, self._codec.to_wire(actions)))
+            # Unchecked: the codec's arrays are the wire's by construction, and the broker checks every shape.
+            self._link.send(TrainerAct.unchecked(self._open_step, self._codec.to_wire(actions), ""))
         except BrokerError as exc:
             if not self._lost_broker(exc):
                 raise

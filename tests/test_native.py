@@ -253,3 +253,24 @@ def test_configure_refuses_message_classes_it_would_build_wrong() -> None:
         NATIVE.configure(StepData, Renamed, Batch, TrainerAct, GameActions, DTYPES, limits)
     body = _frame(GameStep(3, {"a": _step()}))[HEADER.size :]
     assert type(NATIVE.decode(body)) is GameStep  # the refused call changed nothing
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_returns_add_up_and_end_with_their_episodes_as_numpy_does(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 6))
+    rewards = np.array(data.draw(st.lists(st.floats(-10, 10, width=32), min_size=n, max_size=n)), np.float32)
+    terminated = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
+    truncated = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
+    start = np.array(data.draw(st.lists(st.floats(-100, 100), min_size=n, max_size=n)), np.float64)
+    returns, expected = start.copy(), start.copy()
+    finished = NATIVE.add_returns(returns, rewards, terminated, truncated)
+    expected += rewards
+    ended = terminated | truncated
+    assert finished == expected[ended].tolist()
+    expected[ended] = 0.0
+    assert np.array_equal(returns, expected)
+    assert NATIVE.add_returns(returns.astype(np.float32), rewards, terminated, truncated) is None  # not float64
+    frozen = returns.copy()
+    frozen.flags.writeable = False
+    assert NATIVE.add_returns(frozen, rewards, terminated, truncated) is None

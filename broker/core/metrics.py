@@ -72,15 +72,17 @@ class PolicyMetrics:
             self.longest_hold = max(self.longest_hold, int(data.frames.max()))
         if self.returns is None or len(self.returns) != n:
             self.returns = np.zeros(n, np.float64)
-        self.returns += data.reward
-        count = None if NATIVE is None else NATIVE.ended_rows(data.terminated, data.truncated)
-        if count is None:
-            count = int(np.count_nonzero(data.terminated | data.truncated))  # a third of ``.any()``'s cost
-        if count:
+        finished = (
+            None if NATIVE is None else NATIVE.add_returns(self.returns, data.reward, data.terminated, data.truncated)
+        )
+        if finished is None:  # numpy's way, for what the C loop does not read
+            self.returns += data.reward
             ended = data.terminated | data.truncated
-            self.episodes.extend(self.returns[ended].tolist())
-            self.episode_count += int(count)
+            finished = self.returns[ended].tolist() if np.count_nonzero(ended) else []
             self.returns[ended] = 0.0
+        if finished:
+            self.episodes.extend(finished)
+            self.episode_count += len(finished)
 
     def status(self, now: float, **state: Any) -> dict[str, Any]:
         """The numbers, after ``state`` (agents, envs, trainer, state, mode: what the hub knows)."""

@@ -884,6 +884,40 @@ static PyObject *native_as_is(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_TRUE;
 }
 
+/* add_returns(returns, reward, terminated, truncated) -> list[float] | None: each row's reward added to its
+ * running return (float64, in place); the rows whose episode ended give their return (in row order) and
+ * start again from 0. None, and nothing changed, for arrays this does not read (numpy's way then). */
+static PyObject *native_add_returns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "add_returns(returns, reward, terminated, truncated)");
+        return NULL;
+    }
+    npy_intp n = rows_of(args[1]);
+    PyArrayObject *returns = (PyArrayObject *)args[0], *reward = (PyArrayObject *)args[1];
+    const unsigned char *terminated = n >= 0 ? flags_of(args[2], n) : NULL;
+    const unsigned char *truncated = terminated ? flags_of(args[3], n) : NULL;
+    if (truncated == NULL || !PyArray_Check(args[0]) || PyArray_TYPE(returns) != NPY_FLOAT64 ||
+        PyArray_NDIM(returns) != 1 || PyArray_DIMS(returns)[0] != n || !PyArray_IS_C_CONTIGUOUS(returns) ||
+        !PyArray_ISALIGNED(returns) || !PyArray_ISWRITEABLE(returns) || PyArray_TYPE(reward) != NPY_FLOAT32 ||
+        !PyArray_IS_C_CONTIGUOUS(reward) || PyArray_ISBYTESWAPPED(reward))
+        Py_RETURN_NONE;
+    double *sums = PyArray_DATA(returns);
+    const char *rewards = PyArray_DATA(reward);
+    PyObject *ended = PyList_New(0);
+    for (npy_intp i = 0; ended && i < n; i++) {
+        float r;
+        memcpy(&r, rewards + i * sizeof r, sizeof r);
+        sums[i] += (double)r;
+        if (terminated[i] | truncated[i]) {
+            PyObject *value = PyFloat_FromDouble(sums[i]);
+            if (value == NULL || PyList_Append(ended, value) < 0) Py_CLEAR(ended);
+            Py_XDECREF(value);
+            sums[i] = 0.0;
+        }
+    }
+    return ended;
+}
+
 /* --- configure ---------------------------------------------------------------------------------------- */
 
 /* configure(step_data, game_step, batch, act, actions, dtypes, limits): the message classes, the wire dtypes
@@ -953,6 +987,8 @@ static PyMethodDef methods[] = {
     {"all_finite", native_all_finite, METH_O, "Whether a float array has no NaN or infinity; None: not read here."},
     {"ended_rows", (PyCFunction)(void (*)(void))native_ended_rows, METH_FASTCALL,
      "ended_rows(terminated, truncated): how many rows ended their episode; None: not read here."},
+    {"add_returns", (PyCFunction)(void (*)(void))native_add_returns, METH_FASTCALL,
+     "add_returns(returns, reward, terminated, truncated): the ended rows' returns; None: not read here."},
     {"as_is", (PyCFunction)(void (*)(void))native_as_is, METH_FASTCALL,
      "as_is(terminated, truncated, final_index, final_obs): accumulate._as_is; None: not read here."},
     {NULL, NULL, 0, NULL},

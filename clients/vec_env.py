@@ -20,6 +20,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvO
 from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode
 from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
+from broker.protocol.native import NATIVE
 from clients.errors import BrokerError
 from clients.spaces import ActionCodec, convert_obs, observation_dict
 from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name, default_token
@@ -198,14 +199,17 @@ class BrokerVecEnv(VecEnv):
         truncated = np.asarray(data.truncated)
         dones = terminated | truncated
         # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends. SB3 wants
-        # one dict per env: built in one comprehension, the only loop over all rows.
-        time_limit = (truncated & ~terminated).tolist()
-        infos: list[dict[str, Any]]
-        if data.frames is None:
-            infos = [{"TimeLimit.truncated": t} for t in time_limit]
-        else:  # hold mode: game ticks each transition spanned
-            frames = data.frames.tolist()
-            infos = [{"TimeLimit.truncated": t, "frames": f} for t, f in zip(time_limit, frames, strict=True)]
+        # one dict per env: built in C where it can (400 dicts in a few us), else in one comprehension.
+        infos: list[dict[str, Any]] | None = None
+        if NATIVE is not None:
+            infos = NATIVE.step_infos(terminated, truncated, data.frames)
+        if infos is None:
+            time_limit = (truncated & ~terminated).tolist()
+            if data.frames is None:
+                infos = [{"TimeLimit.truncated": t} for t in time_limit]
+            else:  # hold mode: game ticks each transition spanned
+                frames = data.frames.tolist()
+                infos = [{"TimeLimit.truncated": t, "frames": f} for t, f in zip(time_limit, frames, strict=True)]
         for row, info in data.infos.items():
             infos[row].update(info)
         if np.count_nonzero(dones):  # most steps end no episode: the count is cheaper than the rows

@@ -274,3 +274,16 @@ def test_returns_add_up_and_end_with_their_episodes_as_numpy_does(data: st.DataO
     frozen = returns.copy()
     frozen.flags.writeable = False
     assert NATIVE.add_returns(frozen, rewards, terminated, truncated) is None
+
+
+@pytest.mark.parametrize("with_frames", [False, True])
+def test_sb3_step_infos_are_the_comprehension_s(with_frames: bool) -> None:
+    rng = np.random.default_rng(3)
+    terminated, truncated = rng.random(50) < 0.3, rng.random(50) < 0.3
+    frames = rng.integers(1, 5, 50).astype(np.int32) if with_frames else None
+    infos = NATIVE.step_infos(terminated, truncated, frames)
+    expected = [{"TimeLimit.truncated": t} for t in (truncated & ~terminated).tolist()]
+    if frames is not None:
+        expected = [{**info, "frames": f} for info, f in zip(expected, frames.tolist(), strict=True)]
+    assert infos == expected and len({id(info) for info in infos}) == 50  # a dict of its own each
+    assert NATIVE.step_infos(terminated, truncated, np.ones(50, np.int64)) is None  # numpy's way

@@ -37,7 +37,7 @@ static struct {
     PyObject *empty_str;
     /* attribute names, interned */
     PyObject *s_tick, *s_groups, *s_step, *s_data, *s_policy, *s_actions, *s_obs, *s_reward, *s_terminated,
-        *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B;
+        *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B, *s_time_limit;
 } cfg;
 
 /* --- building messages ------------------------------------------------------------------------------ */
@@ -918,6 +918,47 @@ static PyObject *native_add_returns(PyObject *self, PyObject *const *args, Py_ss
     return ended;
 }
 
+/* step_infos(terminated, truncated, frames) -> list[dict] | None: SB3's per-env infos of one step, a dict
+ * each: {"TimeLimit.truncated": truncated and not terminated}, and "frames" (int32 rows) when given. */
+static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "step_infos(terminated, truncated, frames)");
+        return NULL;
+    }
+    npy_intp n = rows_of(args[0]);
+    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
+    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
+    const char *frames = NULL;
+    if (args[2] != Py_None) {
+        PyArrayObject *f = (PyArrayObject *)args[2];
+        if (!PyArray_Check(args[2]) || PyArray_TYPE(f) != NPY_INT32 || PyArray_NDIM(f) != 1 ||
+            PyArray_DIMS(f)[0] != n || !PyArray_IS_C_CONTIGUOUS(f) || PyArray_ISBYTESWAPPED(f))
+            Py_RETURN_NONE;
+        frames = PyArray_DATA(f);
+    }
+    if (truncated == NULL) Py_RETURN_NONE;
+    PyObject *infos = PyList_New(n);
+    for (npy_intp i = 0; infos && i < n; i++) {
+        PyObject *info = PyDict_New();
+        int ok = info != NULL &&
+                 PyDict_SetItem(info, cfg.s_time_limit, (truncated[i] && !terminated[i]) ? Py_True : Py_False) == 0;
+        if (ok && frames) {
+            int32_t count;
+            memcpy(&count, frames + i * sizeof count, sizeof count);
+            PyObject *value = PyLong_FromLong(count);
+            ok = value != NULL && PyDict_SetItem(info, cfg.s_frames, value) == 0;
+            Py_XDECREF(value);
+        }
+        if (!ok) {
+            Py_XDECREF(info);
+            Py_CLEAR(infos);
+            break;
+        }
+        PyList_SET_ITEM(infos, i, info);
+    }
+    return infos;
+}
+
 /* --- configure ---------------------------------------------------------------------------------------- */
 
 /* configure(step_data, game_step, batch, act, actions, dtypes, limits): the message classes, the wire dtypes
@@ -989,6 +1030,8 @@ static PyMethodDef methods[] = {
      "ended_rows(terminated, truncated): how many rows ended their episode; None: not read here."},
     {"add_returns", (PyCFunction)(void (*)(void))native_add_returns, METH_FASTCALL,
      "add_returns(returns, reward, terminated, truncated): the ended rows' returns; None: not read here."},
+    {"step_infos", (PyCFunction)(void (*)(void))native_step_infos, METH_FASTCALL,
+     "step_infos(terminated, truncated, frames): SB3's per-env info dicts of a step; None: not read here."},
     {"as_is", (PyCFunction)(void (*)(void))native_as_is, METH_FASTCALL,
      "as_is(terminated, truncated, final_index, final_obs): accumulate._as_is; None: not read here."},
     {NULL, NULL, 0, NULL},
@@ -1008,7 +1051,7 @@ PyMODINIT_FUNC PyInit__native(void) {
                  {&cfg.s_obs, "obs"},         {&cfg.s_reward, "reward"},           {&cfg.s_terminated, "terminated"},
                  {&cfg.s_truncated, "truncated"}, {&cfg.s_final_index, "final_index"}, {&cfg.s_final_obs, "final_obs"},
                  {&cfg.s_infos, "infos"},     {&cfg.s_frames, "frames"},           {&cfg.s_cast, "cast"},
-                 {&cfg.s_B, "B"},             {&cfg.empty_str, ""}};
+                 {&cfg.s_B, "B"},             {&cfg.empty_str, ""},                {&cfg.s_time_limit, "TimeLimit.truncated"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);
         if (*names[i].slot == NULL) {

@@ -21,7 +21,7 @@ from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.framing import HEADER
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
 from broker.protocol.spaces import check_finite
-from tests.test_hot import HOT_VECTORS, _general, _has_infos, _messages, _read_only, _same
+from tests.test_hot import HOT_VECTORS, _general, _has_infos, _messages, _read_only, _same, damaged
 
 NATIVE: Any = hot._NATIVE
 
@@ -78,18 +78,7 @@ def test_random_messages_encode_to_the_same_bytes_and_decode_to_the_same_message
 @settings(max_examples=2000, deadline=None)
 @given(_messages, st.data())
 def test_a_damaged_body_is_never_accepted_by_the_c_way_alone(message: Message, data: st.DataObject) -> None:
-    body = bytearray(_frame(message)[HEADER.size :])
-    how = data.draw(st.sampled_from(["flip", "cut", "extend", "byte"]))
-    position = data.draw(st.integers(0, len(body) - 1))
-    if how == "flip":
-        body[position] ^= 1 << data.draw(st.integers(0, 7))
-    elif how == "byte":
-        body[position] = data.draw(st.sampled_from([0x00, 0x7F, 0xC0, 0xC2, 0xC3, 0xCA, 0xCB, 0xD0, 0xFF, 0x90]))
-    elif how == "cut":
-        del body[position:]
-    else:
-        body[position:position] = data.draw(st.binary(min_size=1, max_size=4))
-    frozen = bytes(body)
+    frozen = damaged(message, data)
     native = NATIVE.decode(frozen)
     if native is None:
         return

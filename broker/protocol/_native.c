@@ -40,6 +40,13 @@ static struct {
         *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B, *s_time_limit;
 } cfg;
 
+/* A fast-call's argument count, or a TypeError naming the call. */
+static int arity(Py_ssize_t nargs, Py_ssize_t expected, const char *usage) {
+    if (nargs == expected) return 1;
+    PyErr_SetString(PyExc_TypeError, usage);
+    return 0;
+}
+
 /* --- building messages ------------------------------------------------------------------------------ */
 
 /* The fields of each message class, in constructor order: configure() checks them against the class's
@@ -276,35 +283,24 @@ static int has(PyObject *array, int ndim, int type_num) {
  * per value, so the compiler can vectorize it: 400 x 64 observations cost about a microsecond. */
 #define FINITE_BLOCK 256
 
-static int finite_f32(const void *data, npy_intp n) {
-    const char *p = data;
-    for (npy_intp start = 0; start < n; start += FINITE_BLOCK) {
-        npy_intp end = start + FINITE_BLOCK < n ? start + FINITE_BLOCK : n;
-        uint32_t bad = 0;
-        for (npy_intp i = start; i < end; i++) {
-            uint32_t bits;
-            memcpy(&bits, p + i * sizeof bits, sizeof bits);
-            bad |= (uint32_t)((bits & 0x7f800000u) == 0x7f800000u);
-        }
-        if (bad) return 0;
+#define DEFINE_FINITE(name, bits_t, exponent)                                                        \
+    static int name(const void *data, npy_intp n) {                                                    \
+        const char *p = data;                                                                          \
+        for (npy_intp start = 0; start < n; start += FINITE_BLOCK) {                                   \
+            npy_intp end = start + FINITE_BLOCK < n ? start + FINITE_BLOCK : n;                         \
+            bits_t bad = 0;                                                                            \
+            for (npy_intp i = start; i < end; i++) {                                                   \
+                bits_t bits;                                                                           \
+                memcpy(&bits, p + i * sizeof bits, sizeof bits);                                       \
+                bad |= (bits_t)((bits & (exponent)) == (exponent));                                    \
+            }                                                                                          \
+            if (bad) return 0;                                                                         \
+        }                                                                                              \
+        return 1;                                                                                      \
     }
-    return 1;
-}
 
-static int finite_f64(const void *data, npy_intp n) {
-    const char *p = data;
-    for (npy_intp start = 0; start < n; start += FINITE_BLOCK) {
-        npy_intp end = start + FINITE_BLOCK < n ? start + FINITE_BLOCK : n;
-        uint64_t bad = 0;
-        for (npy_intp i = start; i < end; i++) {
-            uint64_t bits;
-            memcpy(&bits, p + i * sizeof bits, sizeof bits);
-            bad |= (uint64_t)((bits & 0x7ff0000000000000ull) == 0x7ff0000000000000ull);
-        }
-        if (bad) return 0;
-    }
-    return 1;
-}
+DEFINE_FINITE(finite_f32, uint32_t, 0x7f800000u)
+DEFINE_FINITE(finite_f64, uint64_t, 0x7ff0000000000000ull)
 
 /* --- step data: obs, reward, terminated, truncated, [final], [frames] ----------------------------------- */
 
@@ -749,10 +745,7 @@ static int put_message(Writer *w, PyObject *message) {
  * Arrays of ``min_bytes`` or more go by reference (read-only ones only, unless ``writable_too``); a negative
  * ``min_bytes``: none. Joined, the buffers are hot.encode_hot_frame's bytes. */
 static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "encode(message, min_bytes, writable_too)");
-        return NULL;
-    }
+    if (!arity(nargs, 3, "encode(message, min_bytes, writable_too)")) return NULL;
     if (!cfg.ready) {
         PyErr_SetString(PyExc_RuntimeError, "broker.protocol._native is not configured");
         return NULL;
@@ -829,16 +822,21 @@ static npy_intp rows_of(PyObject *array) {
                                                                                : -1;
 }
 
+/* The rows of a step's terminated and truncated flags (1-d bool arrays of one length) and their bytes, or -1
+ * when they are not that (the caller's numpy way decides). */
+static npy_intp read_flags(PyObject *terminated, PyObject *truncated, const unsigned char **t, const unsigned char **u) {
+    npy_intp n = rows_of(terminated);
+    *t = n >= 0 ? flags_of(terminated, n) : NULL;
+    *u = *t ? flags_of(truncated, n) : NULL;
+    return *u ? n : -1;
+}
+
 /* ended_rows(terminated, truncated) -> int: rows whose episode ended (either flag), or None. */
 static PyObject *native_ended_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "ended_rows(terminated, truncated)");
-        return NULL;
-    }
-    npy_intp n = rows_of(args[0]);
-    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
-    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
-    if (truncated == NULL) Py_RETURN_NONE;
+    if (!arity(nargs, 2, "ended_rows(terminated, truncated)")) return NULL;
+    const unsigned char *terminated, *truncated;
+    npy_intp n = read_flags(args[0], args[1], &terminated, &truncated);
+    if (n < 0) Py_RETURN_NONE;
     npy_intp count = 0;
     for (npy_intp i = 0; i < n; i++) count += (terminated[i] | truncated[i]) != 0;
     return PyLong_FromSsize_t(count);
@@ -848,14 +846,10 @@ static PyObject *native_ended_rows(PyObject *self, PyObject *const *args, Py_ssi
  * step that can be delivered unchanged as one tick: no row both terminated and truncated, and the final
  * observations given for exactly the rows that ended). */
 static PyObject *native_as_is(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "as_is(terminated, truncated, final_index, final_obs)");
-        return NULL;
-    }
-    npy_intp n = rows_of(args[0]);
-    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
-    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
-    if (truncated == NULL) Py_RETURN_NONE;
+    if (!arity(nargs, 4, "as_is(terminated, truncated, final_index, final_obs)")) return NULL;
+    const unsigned char *terminated, *truncated;
+    npy_intp n = read_flags(args[0], args[1], &terminated, &truncated);
+    if (n < 0) Py_RETURN_NONE;
     PyObject *index = args[2];
     npy_intp ended = 0, both = 0;
     for (npy_intp i = 0; i < n; i++) {
@@ -888,15 +882,11 @@ static PyObject *native_as_is(PyObject *self, PyObject *const *args, Py_ssize_t 
  * running return (float64, in place); the rows whose episode ended give their return (in row order) and
  * start again from 0. None, and nothing changed, for arrays this does not read (numpy's way then). */
 static PyObject *native_add_returns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "add_returns(returns, reward, terminated, truncated)");
-        return NULL;
-    }
-    npy_intp n = rows_of(args[1]);
+    if (!arity(nargs, 4, "add_returns(returns, reward, terminated, truncated)")) return NULL;
     PyArrayObject *returns = (PyArrayObject *)args[0], *reward = (PyArrayObject *)args[1];
-    const unsigned char *terminated = n >= 0 ? flags_of(args[2], n) : NULL;
-    const unsigned char *truncated = terminated ? flags_of(args[3], n) : NULL;
-    if (truncated == NULL || !PyArray_Check(args[0]) || PyArray_TYPE(returns) != NPY_FLOAT64 ||
+    const unsigned char *terminated, *truncated;
+    npy_intp n = read_flags(args[2], args[3], &terminated, &truncated);
+    if (n < 0 || rows_of(args[1]) != n || !PyArray_Check(args[0]) || PyArray_TYPE(returns) != NPY_FLOAT64 ||
         PyArray_NDIM(returns) != 1 || PyArray_DIMS(returns)[0] != n || !PyArray_IS_C_CONTIGUOUS(returns) ||
         !PyArray_ISALIGNED(returns) || !PyArray_ISWRITEABLE(returns) || PyArray_TYPE(reward) != NPY_FLOAT32 ||
         !PyArray_IS_C_CONTIGUOUS(reward) || PyArray_ISBYTESWAPPED(reward))
@@ -921,13 +911,9 @@ static PyObject *native_add_returns(PyObject *self, PyObject *const *args, Py_ss
 /* step_infos(terminated, truncated, frames) -> list[dict] | None: SB3's per-env infos of one step, a dict
  * each: {"TimeLimit.truncated": truncated and not terminated}, and "frames" (int32 rows) when given. */
 static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "step_infos(terminated, truncated, frames)");
-        return NULL;
-    }
-    npy_intp n = rows_of(args[0]);
-    const unsigned char *terminated = n >= 0 ? flags_of(args[0], n) : NULL;
-    const unsigned char *truncated = terminated ? flags_of(args[1], n) : NULL;
+    if (!arity(nargs, 3, "step_infos(terminated, truncated, frames)")) return NULL;
+    const unsigned char *terminated, *truncated;
+    npy_intp n = read_flags(args[0], args[1], &terminated, &truncated);
     const char *frames = NULL;
     if (args[2] != Py_None) {
         PyArrayObject *f = (PyArrayObject *)args[2];
@@ -936,7 +922,7 @@ static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssi
             Py_RETURN_NONE;
         frames = PyArray_DATA(f);
     }
-    if (truncated == NULL) Py_RETURN_NONE;
+    if (n < 0) Py_RETURN_NONE;
     PyObject *infos = PyList_New(n);
     for (npy_intp i = 0; infos && i < n; i++) {
         PyObject *info = PyDict_New();

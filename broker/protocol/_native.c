@@ -31,6 +31,8 @@ static struct {
     int ready;
     PyObject *step_data_type, *game_step_type, *batch_type, *act_type, *actions_type;
     PyObject *dtype_names[N_DTYPES];  /* str, the wire names */
+    const char *dtype_utf8[N_DTYPES]; /* the same, as the reader compares them (kept alive by dtype_names) */
+    Py_ssize_t dtype_len[N_DTYPES];
     PyArray_Descr *dtypes[N_DTYPES];  /* their numpy dtypes */
     Py_ssize_t max_array_keys, max_text, max_groups, max_ndim;
     uint64_t int_max;
@@ -181,6 +183,12 @@ static int key_is(Reader *r, const char *key) {
     return 1;
 }
 
+/* Whether the next key is ``key``; nothing is consumed. */
+static int key_ahead(Reader *r, const char *key) {
+    Reader probe = *r;
+    return key_is(&probe, key);
+}
+
 static PyObject *read_text(Reader *r) {
     const char *s;
     Py_ssize_t n;
@@ -193,17 +201,13 @@ static PyObject *read_text(Reader *r) {
 /* --- arrays ------------------------------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject *base;             /* what every view keeps alive: the body */
-    const unsigned char *start; /* the body's first byte */
+    PyObject *base; /* what every view keeps alive: the body */
     int writable;
 } Body;
 
 static int dtype_index(const char *s, Py_ssize_t n) {
-    for (int i = 0; i < N_DTYPES; i++) {
-        Py_ssize_t len;
-        const char *name = PyUnicode_AsUTF8AndSize(cfg.dtype_names[i], &len);
-        if (len == n && memcmp(name, s, n) == 0) return i;
-    }
+    for (int i = 0; i < N_DTYPES; i++)
+        if (cfg.dtype_len[i] == n && memcmp(cfg.dtype_utf8[i], s, n) == 0) return i;
     return -1;
 }
 
@@ -304,12 +308,14 @@ DEFINE_FINITE(finite_f64, uint64_t, 0x7ff0000000000000ull)
 
 /* --- step data: obs, reward, terminated, truncated, [final], [frames] ----------------------------------- */
 
-/* Reads the step data's fields (``fields`` of them, the map header already read) into a StepData; for a
- * batch, a trailing "policy" is left for the caller (``fields`` then counts it out). NULL: not this way. */
-static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
+/* Reads the step data's fields (``fields`` of them, the map header already read) into a StepData. A batch
+ * passes ``policy_follows``: one field left over that is "policy" is left for it, and said there. NULL: not
+ * this way. */
+static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields, int *policy_follows) {
     PyObject *obs = NULL, *reward = NULL, *terminated = NULL, *truncated = NULL;
     PyObject *final_index = NULL, *final_obs = NULL, *frames = NULL, *result = NULL;
-    if (fields < 4 || fields > 6 || !key_is(r, "obs") || !(obs = read_arrays(r, body, -1))) goto done;
+    Py_ssize_t most = policy_follows ? 7 : 6; /* obs, reward, terminated, truncated, final, frames[, policy] */
+    if (fields < 4 || fields > most || !key_is(r, "obs") || !(obs = read_arrays(r, body, -1))) goto done;
     if (!key_is(r, "reward") || !(reward = read_ndarray(r, body)) || !has(reward, 1, NPY_FLOAT32)) goto done;
     npy_intp n = PyArray_DIMS((PyArrayObject *)reward)[0];
     if (!finite_f32(PyArray_DATA((PyArrayObject *)reward), n)) goto done;
@@ -347,6 +353,10 @@ static PyObject *read_step_data(Reader *r, Body *body, Py_ssize_t fields) {
         if (!(frames = read_ndarray(r, body)) || !has(frames, 1, NPY_INT32) ||
             PyArray_DIMS((PyArrayObject *)frames)[0] != n)
             goto done;
+    }
+    if (left == 1 && policy_follows && key_ahead(r, "policy")) {
+        *policy_follows = 1;
+        left = 0;
     }
     if (left) goto done; /* infos, or anything else: the Python way */
     PyObject *infos = PyDict_New(); /* each its own, as unchecked() gives it */
@@ -407,7 +417,7 @@ static PyObject *decode_step(Reader *r, Body *body, Py_ssize_t entries) {
     for (Py_ssize_t i = 0; groups && i < n; i++) {
         Py_ssize_t fields;
         PyObject *name = read_text(r);
-        PyObject *data = name && read_map(r, &fields) ? read_step_data(r, body, fields) : NULL;
+        PyObject *data = name && read_map(r, &fields) ? read_step_data(r, body, fields, NULL) : NULL;
         if (data == NULL || PyDict_SetItem(groups, name, data) < 0) Py_CLEAR(groups);
         Py_XDECREF(name);
         Py_XDECREF(data);
@@ -420,17 +430,8 @@ static PyObject *decode_batch(Reader *r, Body *body, Py_ssize_t entries) {
     if (entries < 6 || !key_is(r, "step")) return NULL;
     PyObject *step = read_counter(r);
     if (step == NULL) return NULL;
-    /* A policy (samplers' batches) comes last: the step data has the rest. */
-    Reader probe = *r;
-    Py_ssize_t fields = entries - 2;
-    PyObject *data = read_step_data(&probe, body, fields);
-    int with_policy = 0;
-    if (data == NULL) {
-        probe = *r;
-        data = read_step_data(&probe, body, fields - 1);
-        with_policy = 1;
-    }
-    *r = probe;
+    int with_policy = 0; /* a policy (samplers' batches) comes last: the step data has the rest */
+    PyObject *data = read_step_data(r, body, entries - 2, &with_policy);
     PyObject *policy = data ? read_policy(r, with_policy) : NULL;
     return build(&batch_layout, step, data, policy);
 }
@@ -472,7 +473,7 @@ static PyObject *native_decode(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     /* The arrays keep a view alive, never a bare bytearray, whose memory could move under them. */
     PyObject *base = PyBytes_CheckExact(arg) || PyMemoryView_Check(arg) ? (Py_INCREF(arg), arg) : PyMemoryView_FromObject(arg);
-    Body body = {base, view.buf, !view.readonly};
+    Body body = {base, !view.readonly};
     Reader r = {view.buf, (const unsigned char *)view.buf + view.len};
     PyObject *message = NULL;
     Py_ssize_t entries;
@@ -752,34 +753,26 @@ static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     Py_ssize_t min_bytes = PyLong_AsSsize_t(args[1]);
     if (min_bytes == -1 && PyErr_Occurred()) return NULL;
-    Writer w = {NULL, 0, 0, PyList_New(0), 4, 0, min_bytes, PyObject_IsTrue(args[2])};
+    /* The first piece begins with the frame's 4 header bytes (one write for them and the body's beginning),
+     * filled in once the body's size is known. */
+    Writer w = {NULL, 0, 0, PyList_New(0), 0, 0, min_bytes, PyObject_IsTrue(args[2])};
     if (w.parts == NULL) return NULL;
     PyObject *result = NULL;
     if (grow(&w, 512)) {
-        w.len = 4; /* the frame header, written last */
-        if (put_message(&w, args[0])) {
-            if (w.len > w.piece_start || PyList_GET_SIZE(w.parts) == 0) {
+        w.len = 4;
+        if (put_message(&w, args[0]) && w.total + (w.len - 4) <= (Py_ssize_t)UINT32_MAX) {
+            uint32_t size = (uint32_t)(w.total + (w.len - 4));
+            unsigned char header[4] = {size & 0xff, (size >> 8) & 0xff, (size >> 16) & 0xff, (size >> 24) & 0xff};
+            if (PyList_GET_SIZE(w.parts) == 0) /* the header's piece is still in the buffer */
+                memcpy(w.buf, header, 4);
+            else /* a bytes object made here, seen by nobody yet: written in place */
+                memcpy(PyBytes_AS_STRING(PyList_GET_ITEM(w.parts, 0)), header, 4);
+            result = w.parts;
+            if (w.len > w.piece_start) {
                 PyObject *piece = PyBytes_FromStringAndSize((const char *)w.buf + w.piece_start, w.len - w.piece_start);
-                if (piece != NULL && PyList_Append(w.parts, piece) == 0) result = w.parts;
+                if (piece == NULL || PyList_Append(w.parts, piece) < 0) result = NULL;
                 Py_XDECREF(piece);
-            } else {
-                result = w.parts;
             }
-        }
-    }
-    if (result != NULL) {
-        /* The header goes in front of the first piece: one write for it and the body's beginning. */
-        uint32_t size = (uint32_t)(w.total + (w.len - 4));
-        unsigned char header[4] = {size & 0xff, (size >> 8) & 0xff, (size >> 16) & 0xff, (size >> 24) & 0xff};
-        PyObject *first = PyList_GET_ITEM(w.parts, 0);
-        PyObject *joined = PyBytes_FromStringAndSize(NULL, PyBytes_GET_SIZE(first) + 4);
-        if (joined == NULL || w.total + (w.len - 4) > (Py_ssize_t)UINT32_MAX) {
-            Py_XDECREF(joined);
-            result = NULL;
-        } else {
-            memcpy(PyBytes_AS_STRING(joined), header, 4);
-            memcpy(PyBytes_AS_STRING(joined) + 4, PyBytes_AS_STRING(first), PyBytes_GET_SIZE(first));
-            PyList_SetItem(w.parts, 0, joined); /* steals joined, drops first */
         }
     }
     PyMem_Free(w.buf);
@@ -976,9 +969,15 @@ static PyObject *native_configure(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_ValueError, "dtypes: name -> numpy dtype");
             return NULL;
         }
+        const char *utf8 = PyUnicode_AsUTF8AndSize(key, &cfg.dtype_len[i]);
+        if (utf8 == NULL) {
+            Py_DECREF(descr);
+            return NULL;
+        }
         Py_INCREF(key);
         Py_XSETREF(cfg.dtype_names[i], key);
         Py_XSETREF(cfg.dtypes[i], descr);
+        cfg.dtype_utf8[i] = utf8;
         i++;
     }
     struct {

@@ -78,13 +78,18 @@ def decode_hot(body: bytes | memoryview) -> Message | None:
         message: Message | None = _NATIVE.decode(body)
         if message is not None:
             return message
-    return decode_typed(body)
+    return _decode_typed(body)
 
 
 def decode_typed(body: bytes | memoryview) -> Message | None:
     """``decode_hot``'s Python way: msgspec's typed structs, then the checks the types leave."""
     if not bytes(body[1:14]).startswith(HOT_PREFIXES):
         return None
+    return _decode_typed(body)
+
+
+def _decode_typed(body: bytes | memoryview) -> Message | None:
+    """``decode_typed`` once the body's prefix is known to be a hot message's."""
     if len(body) > MAX_FRAME_ELEMENTS:
         check_msgpack_bounds(body)  # as the general way does first: its refusal is the peer's error
     try:

@@ -71,6 +71,25 @@ def test_a_stepping_trainer_runs_the_loop_on_its_own_thread(hold_broker: InProce
     assert steps_here > 0 and acts_here > 0, entries[-10:]
 
 
+def test_a_trainer_that_may_run_the_loop_hands_its_actions_to_the_hub_within_step_async(
+    hold_broker: InProcessBroker,
+) -> None:
+    """The act is handed over (and the game's actions written) on the trainer's thread before step_async
+    returns, so step_wait's run of the loop starts by waiting for the game instead of polling for the act."""
+    entries = record_hub_entries(hold_broker)
+    env = hold_broker.vec_env("mover", stepping=StepOptions("barrier"))
+    env.reset()
+    step(env, 3)
+    me = threading.get_ident()
+    actions = np.zeros((env.num_envs, *env.action_space.shape), env.action_space.dtype)
+    for _ in range(5):
+        before = len(entries)
+        env.step_async(actions)
+        assert (TrainerAct.TYPE, me) in entries[before:], entries[before:]
+        env.step_wait()
+    env.close()
+
+
 def test_with_several_trainers_the_daemon_runs_the_loop_and_one_alone_takes_it_back(
     hold_broker: InProcessBroker,
 ) -> None:
@@ -160,8 +179,9 @@ def test_a_trainer_in_a_thread_running_an_event_loop_is_served_by_the_daemon(hol
     cell_thread = asyncio.run(notebook_cell())
     env.close()
     game_steps = [thread for kind, thread in entries if kind == GameStep.TYPE]
-    assert len(game_steps) >= 10
-    assert cell_thread not in game_steps
+    acts = [thread for kind, thread in entries if kind == TrainerAct.TYPE]
+    assert len(game_steps) >= 10 and len(acts) >= 10
+    assert cell_thread not in game_steps and cell_thread not in acts  # its acts were queued for the daemon
 
 
 def test_closing_the_broker_wakes_a_trainer_that_waits(inprocess_broker: Callable[..., InProcessBroker]) -> None:

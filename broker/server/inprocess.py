@@ -10,9 +10,10 @@ program will attach here:
 
 * **One** (the default; a single SB3 model, as godot_rl users train): the trainer waiting in ``recv`` runs the
   loop on its own thread until the hub has sent it a message, so a game's step reaches the policy with no
-  thread hop (as in godot_rl). One thread runs the loop at a time (the *driver*). While no trainer waits
-  (between rollouts, during a policy update) the ``ServerThread``'s own daemon thread runs the loop, once it
-  has been idle for ``FALLBACK_GRACE_S``, and hands it back to the next trainer that waits; so games, hold
+  thread hop (as in godot_rl); its actions go to the hub on its thread too, within ``send``. One thread runs
+  the loop at a time (the *driver*). While no trainer waits (between rollouts, during a policy update) the
+  ``ServerThread``'s own daemon thread runs the loop, once it has been idle for ``FALLBACK_GRACE_S``, and
+  hands it back to the next trainer that waits; so games, hold
   deadlines and new connections are served at most that much later than by a loop on a thread of its own.
   The loop is the standard asyncio one, since it is started and stopped every step, which costs more with
   uvloop (docs/performance.md, "Eighth round"). Should more trainers attach after all, the daemon thread runs
@@ -158,6 +159,20 @@ class ServerThread:
         self._stop_asked = False
         self.loop.run_forever()
 
+    def run_here(self, fn: Callable[..., object], *args: Any) -> None:
+        """Run ``fn(*args)`` now, on this thread, as a callback of the loop (the caller has claimed it; it is
+        not running). A step's actions thus reach the games before ``step_wait`` runs the loop, which then
+        starts by waiting for the games' answer instead of polling once for this callback. With another
+        loop running on this thread (a notebook) the callback is queued for the next run instead."""
+        if asyncio._get_running_loop() is not None:
+            self.loop.call_soon(fn, *args)
+            return
+        asyncio._set_running_loop(self.loop)  # what the loop's own run sets: the hub's effects may ask for it
+        try:
+            fn(*args)
+        finally:
+            asyncio._set_running_loop(None)
+
     def stop_run(self) -> None:
         """End the current run (on the loop). uvloop's stop is a queued callback: a second one would be left
         over and end the next run at once, so it is asked once per run."""
@@ -295,9 +310,9 @@ class InProcessTrainer:
             return
         if not server.trainers_drive:  # the daemon thread runs the loop all the time
             server.loop.call_soon_threadsafe(self._deliver, message)
-        elif server.claim(self._side, wait=False):  # nobody runs the loop: the next one to run it delivers
+        elif server.claim(self._side, wait=False):  # nobody runs the loop: this thread may act as it
             try:
-                server.loop.call_soon(self._deliver, message)
+                server.run_here(self._deliver, message)
             finally:
                 server.release(self._side)
         else:

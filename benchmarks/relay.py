@@ -88,6 +88,7 @@ class FrameRelay(asyncio.Protocol):
 
     def __init__(self, lost: asyncio.Future[None]) -> None:
         self.lost = lost
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.other: FrameRelay | None = None
         self.transport: asyncio.Transport | None = None
         self.pending = bytearray()
@@ -113,6 +114,7 @@ class FrameRelay(asyncio.Protocol):
             del pending[:total]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.closed.set_result(None)
         if not self.lost.done():
             self.lost.set_result(None)
 
@@ -120,14 +122,20 @@ class FrameRelay(asyncio.Protocol):
 async def _relay_asyncio(pairs: list[tuple[socket.socket, socket.socket]]) -> None:
     loop = asyncio.get_running_loop()
     lost: asyncio.Future[None] = loop.create_future()
+    sides: list[FrameRelay] = []
     for game, trainer in pairs:
         game.setblocking(False)
         trainer.setblocking(False)
         _, game_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), game)
         _, trainer_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), trainer)
         game_side.other, trainer_side.other = trainer_side, game_side
+        sides += (game_side, trainer_side)
         game_side.data_received(b"")  # anything the game sent meanwhile
     await lost  # one peer gone: the measurement is over
+    for side in sides:  # every transport closed while the loop still runs, so none outlives it
+        if side.transport is not None:
+            side.transport.close()
+    await asyncio.gather(*(side.closed for side in sides))
 
 
 def run_asyncio(port: int, trainer_port: int, games: int) -> None:

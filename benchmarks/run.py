@@ -12,7 +12,8 @@ policies either (a) ``godot_rl_per_policy``: one port and one trainer process pe
 the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
 clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) +
 one BrokerVecEnv process per policy over TCP; (b') ``broker_plugin``: the same serving the
-lean plugin game instead (the broker's godot_rl JSON path); (c) ``broker_unix``: the same over the broker's Unix
+lean plugin game instead (the broker's godot_rl JSON path); (b'') ``broker_variant`` (not run by default): the
+lean game's bodies as Godot Variants, the addon's codec; (c) ``broker_unix``: the same over the broker's Unix
 socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
 games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly (the
 one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards them and does
@@ -75,7 +76,7 @@ except ImportError:  # an older tree with this benchmarks/ laid over it (benchma
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
-BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "inprocess")
+BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "broker_variant", "inprocess")
 
 
 # The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of
@@ -297,7 +298,7 @@ class Run:
             self.broker_idle_rss = trainer.samples[-1].rss_bytes if trainer.samples else None
             self._spawn_games(f"127.0.0.1:{ready['port']}", config_json)
             return self.config.policies
-        # broker_tcp / broker_unix / broker_plugin
+        # broker_tcp / broker_unix / broker_plugin / broker_variant
         port_file = self.workdir / "port"
         unix_path = self.workdir / "broker.sock"
         args = [*broker_command(), "serve", "--port", "0", "--port-file", str(port_file)]
@@ -321,6 +322,10 @@ class Run:
             for i in range(self.config.games):
                 args = ["--config", config_json, "--game-index", str(i), "--ports", port_file.read_text()]
                 self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *_lean_game_flags])
+        elif self.mode == "broker_variant":  # the addon's codec: Godot Variant bodies
+            if _native_game[0] != "lean":
+                raise RunFailed("broker_variant runs the lean game only (not with --world-game)")
+            self._spawn_games(address, config_json, "--codec", "godot")
         else:
             self._spawn_games(address, config_json)
         return self.config.policies
@@ -346,9 +351,9 @@ class Run:
             self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args])
         return len(servers)
 
-    def _spawn_games(self, address: str, config_json: str) -> None:
+    def _spawn_games(self, address: str, config_json: str, *flags: str) -> None:
         for i in range(self.config.games):
-            args = ["--address", address, "--config", config_json, "--game-index", str(i)]
+            args = ["--address", address, "--config", config_json, "--game-index", str(i), *flags]
             game = "benchmarks.lean_game" if _native_game[0] == "lean" else "benchmarks.bench_game"
             self.spawn(f"game-{i}", [sys.executable, "-m", game, *args])
 

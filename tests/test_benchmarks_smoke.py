@@ -19,7 +19,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import pytest
 
@@ -41,6 +40,7 @@ from benchmarks.raw import HEADER, check_same_bytes, connect_retry, step_frame
 from benchmarks.relay import Forwarder, run_asyncio
 from benchmarks.run import BROKER_MODES, modes_for
 from broker import compiled
+from broker.protocol.codec import BodyKind, body_kind, decode_body
 from broker.protocol.messages import GameStep
 from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.godot_engine import require_godot
@@ -74,11 +74,13 @@ def test_raw_ceiling_sends_the_protocols_own_step_bytes() -> None:
     assert len(frames) > 1  # some steps carried final observations
 
 
-def test_lean_native_game_sends_the_worlds_steps_with_each_tick() -> None:
+@pytest.mark.parametrize("codec", [BodyKind.MSGPACK, BodyKind.GODOT])
+def test_lean_native_game_sends_the_worlds_steps_with_each_tick(codec: BodyKind) -> None:
     """The native modes' lean game sends, at every tick, the protocol's step of the world's phase (stepped with
-    zero actions) with that tick: what the broker decodes is what the world held, episode ends included."""
+    zero actions) with that tick, in msgpack or as Godot Variants (broker_variant): what the broker decodes is
+    what the world held, episode ends included."""
     config = BenchConfig(3, "img", 2, 1)
-    frames = StepFrames(config, game_index=1)
+    frames = StepFrames(config, game_index=1, codec=codec)
     world = BenchWorld(config, game_index=1)
     zeros = {name: {ACTION_KEY: np.zeros((3, 2), np.float32)} for name in ("p0", "p1")}
     finals = 0
@@ -86,7 +88,9 @@ def test_lean_native_game_sends_the_worlds_steps_with_each_tick() -> None:
         frame = bytes(frames.frame(tick))
         (length,) = HEADER.unpack_from(frame)
         assert length == len(frame) - HEADER.size
-        step = GameStep.from_wire(msgpack.unpackb(frame[HEADER.size :], raw=False))
+        body = frame[HEADER.size :]
+        assert body_kind(body) is codec
+        step = GameStep.from_wire(decode_body(codec, body))
         assert step.tick == tick
         if tick < HORIZON:
             expected = world.step_data()

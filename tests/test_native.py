@@ -1,5 +1,7 @@
 """The C codec of the per-step messages (broker/protocol/_native.c) against hot.py's Python way: the same
 bytes out, the same messages in, nothing accepted that the general way refuses, large arrays by reference.
+Godot Variant bodies (the addon's) too: the C way's message is the general way's (variant.py, then the
+message table), for the shared vectors, random messages and damaged bodies.
 
 The README's set-up builds it; ``.ci/run`` sets ``GDRL_REQUIRE_COMPILED=1``, so there these tests fail rather
 than skip when it is missing.
@@ -7,7 +9,9 @@ than skip when it is missing.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,13 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.protocol import hot
+from broker.protocol import hot, variant
 from broker.protocol.codec import BodyKind, encode_message_frame
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.framing import HEADER
-from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct
+from broker.protocol.messages import Batch, GameActions, GameStep, Message, StepData, TrainerAct, message_from_wire
 from broker.protocol.spaces import check_finite
-from tests.test_hot import HOT_VECTORS, _general, _has_infos, _messages, _read_only, _same, damaged
+from tests.test_hot import HOT_TYPES, HOT_VECTORS, _general, _has_infos, _messages, _read_only, _same, damaged
 
 NATIVE: Any = hot._NATIVE
 
@@ -278,3 +282,106 @@ def test_sb3_step_infos_are_the_comprehension_s(with_frames: bool) -> None:
         expected = [{**info, "frames": f} for info, f in zip(expected, frames.tolist(), strict=True)]
     assert infos == expected and len({id(info) for info in infos}) == 50  # a dict of its own each
     assert NATIVE.step_infos(terminated, truncated, np.ones(50, np.int64)) is None  # numpy's way
+
+
+# --- Godot Variant bodies ----------------------------------------------------------------------------------
+
+GODOT_VECTORS = [
+    v
+    for v in json.loads((Path(__file__).parent / "vectors" / "protocol_v1_godot.json").read_text())["vectors"]
+    if v["codec"] == "godot" and variant.decode(bytes.fromhex(v["hex"])[HEADER.size :])["type"] in HOT_TYPES
+]
+
+
+def _godot_body(message: Message) -> bytes:
+    return variant.encode(message.to_wire())
+
+
+def _godot_general(body: bytes) -> Message | None:
+    """What the general way makes of a Variant body: None where it refuses it."""
+    try:
+        return message_from_wire(variant.decode(body))
+    except RemoteProtocolError:
+        return None
+
+
+def _decodes_godot_as_the_general_way(body: bytes) -> Message | None:
+    native = hot.decode_hot_godot(body)
+    if native is not None:
+        general = _godot_general(body)
+        assert general is not None, f"the C way accepted a Variant body the general way refuses: {body.hex()}"
+        assert _same(native, general)
+    return native
+
+
+def test_the_godot_vectors_of_every_per_step_message_decode_the_c_way_as_the_general_way() -> None:
+    """Each is taken the C way exactly when its msgpack twin is (not: one with infos), as the general way."""
+    msgpack_twins = {v["name"]: bytes.fromhex(v["hex"])[HEADER.size :] for v in HOT_VECTORS}
+    taken = set()
+    for vector in GODOT_VECTORS:
+        native = _decodes_godot_as_the_general_way(bytes.fromhex(vector["hex"])[HEADER.size :])
+        assert (native is None) == (NATIVE.decode(msgpack_twins[vector["name"]]) is None), vector["name"]
+        if native is not None:
+            taken.add(variant.decode(bytes.fromhex(vector["hex"])[HEADER.size :])["type"])
+    assert taken == set(HOT_TYPES)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_messages)
+def test_random_variant_bodies_decode_the_c_way_as_the_general_way_when_msgpack_does(message: Message) -> None:
+    """The C way takes a message's Variant body exactly when it takes its msgpack body (no infos, the
+    encoders' key order), and gives the general way's message."""
+    native = _decodes_godot_as_the_general_way(_godot_body(message))
+    assert (native is None) == (NATIVE.decode(_frame(message)[HEADER.size :]) is None)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_messages, st.data())
+def test_a_damaged_variant_body_is_never_accepted_by_the_c_way_alone(message: Message, data: st.DataObject) -> None:
+    body = bytearray(_godot_body(message))
+    how = data.draw(st.sampled_from(["flip", "cut", "extend", "byte"]))
+    position = data.draw(st.integers(0, len(body) - 1))
+    if how == "flip":
+        body[position] ^= 1 << data.draw(st.integers(0, 7))
+    elif how == "byte":  # type bytes, the 64-bit flag, a count's top byte
+        body[position] = data.draw(st.sampled_from([0x00, 0x01, 0x02, 0x04, 0x1B, 0x1C, 0x1D, 0x15, 0x80, 0xFF]))
+    elif how == "cut":
+        del body[position:]
+    else:
+        body[position:position] = data.draw(st.binary(min_size=1, max_size=8))
+    _decodes_godot_as_the_general_way(bytes(body))
+
+
+def test_variant_arrays_are_views_of_the_body_and_a_64_bit_tick_reads() -> None:
+    message = GameStep(2**40, {"a": _step()})
+    body = _godot_body(message)
+    assert b"tick\x02\x00\x01\x00" in body  # the 64-bit INT form
+    read_only = hot.decode_hot_godot(body)
+    assert isinstance(read_only, GameStep) and read_only.tick == 2**40 and _same(read_only, message)
+    assert not read_only.groups["a"].obs["obs"].flags.writeable
+    owned = memoryview(bytearray(body))
+    obs = hot.decode_hot_godot(owned).groups["a"].obs["obs"]
+    assert obs.flags.writeable and np.shares_memory(obs, np.frombuffer(owned, np.uint8))
+
+
+def test_what_the_c_way_leaves_of_variant_bodies_goes_the_general_way() -> None:
+    """Keys out of order, a negative tick, a StringName key and a body longer than the fast Variant reader
+    takes: the C way declines each, and a connection still decodes them (or refuses them) the general way."""
+    from broker.protocol.connection import _decode_message
+
+    step = GameStep(3, {"a": _step()})
+    wire = step.to_wire()
+    reordered = variant.encode({"type": "step", "groups": wire["groups"], "tick": 3})
+    negative = variant.encode({**wire, "tick": -1})
+    string_name = bytearray(_godot_body(step))
+    at = string_name.index(b"\x04\x00\x00\x00\x04\x00\x00\x00tick")
+    string_name[at] = variant.STRING_NAME
+    large = _godot_body(GameStep(4, {"a": _step(rows=variant.FAST_MAX_BYTES // 16)}))  # 18 bytes a row
+    assert len(large) > variant.FAST_MAX_BYTES
+    for body in (reordered, negative, bytes(string_name), large):
+        assert hot.decode_hot_godot(body) is None
+    assert _same(_decode_message(BodyKind.GODOT, reordered), step)
+    assert _same(_decode_message(BodyKind.GODOT, bytes(string_name)), step)
+    assert _same(_decode_message(BodyKind.GODOT, large), _godot_general(large))
+    with pytest.raises(RemoteProtocolError):  # a tick below 0
+        _decode_message(BodyKind.GODOT, negative)

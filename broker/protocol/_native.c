@@ -1,4 +1,5 @@
-/* The per-step messages (step, batch, act, actions) between msgpack bodies and message objects, in C.
+/* The per-step messages (step, batch, act, actions) between msgpack bodies and message objects, in C; and
+ * from Godot Variant bodies (the addon's), read by the same code with the Variant forms of each value.
  *
  * The same job as broker/protocol/hot.py, for the bodies this package's encoders write, without a Python
  * object per field: the body is read once, each array becomes a numpy view of it, the checks hot.py makes
@@ -98,9 +99,58 @@ static int check_layout(Layout *layout, PyObject *type) {
 
 typedef struct {
     const unsigned char *p, *end;
+    int godot; /* the body is a Godot Variant (the addon's var_to_bytes), not msgpack: the same fields and order */
 } Reader;
 
 static int need(Reader *r, Py_ssize_t n) { return r->end - r->p >= n; }
+
+/* --- reading Godot Variants: the same message layout as msgpack, in the types variant.py's fast reader takes.
+ * Each value has a 4-byte little-endian header (type, flags); containers and byte strings a 32-bit count;
+ * bytes are padded to 4. Anything else (typed containers, StringName keys) is left to the Python way. */
+enum { V_NIL = 0, V_INT = 2, V_STRING = 4, V_DICTIONARY = 27, V_ARRAY = 28, V_PACKED_BYTES = 29, V_INT64 = 2 | 1 << 16 };
+
+static uint32_t le32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* A value of type ``header`` with a count (at most 0x7fffffff, as Godot's); nothing consumed otherwise. */
+static int godot_count(Reader *r, uint32_t header, Py_ssize_t *n) {
+    if (!need(r, 8) || le32(r->p) != header || le32(r->p + 4) > 0x7fffffffu) return 0;
+    *n = (Py_ssize_t)le32(r->p + 4);
+    r->p += 8;
+    return 1;
+}
+
+/* A String's or PackedByteArray's bytes, then its padding. */
+static int godot_bytes(Reader *r, uint32_t header, const unsigned char **s, Py_ssize_t *n) {
+    Reader probe = *r;
+    if (!godot_count(&probe, header, n)) return 0;
+    Py_ssize_t padded = *n + ((4 - (*n & 3)) & 3);
+    if (!need(&probe, padded)) return 0;
+    *s = probe.p;
+    r->p = probe.p + padded;
+    return 1;
+}
+
+static int godot_uint(Reader *r, uint64_t *v) {
+    if (!need(r, 4)) return 0;
+    uint32_t header = le32(r->p);
+    if (header == V_INT && need(r, 8)) {
+        int32_t value = (int32_t)le32(r->p + 4);
+        if (value < 0) return 0;
+        *v = (uint64_t)value;
+        r->p += 8;
+        return 1;
+    }
+    if (header == V_INT64 && need(r, 12)) {
+        uint64_t value = (uint64_t)le32(r->p + 4) | (uint64_t)le32(r->p + 8) << 32;
+        if (value >> 63) return 0; /* negative */
+        *v = value;
+        r->p += 12;
+        return 1;
+    }
+    return 0;
+}
 
 static uint64_t be(const unsigned char *p, int n) {
     uint64_t v = 0;
@@ -125,10 +175,15 @@ static int read_len(Reader *r, unsigned fix, unsigned mask, unsigned c8, unsigne
     return 1;
 }
 
-static int read_map(Reader *r, Py_ssize_t *n) { return read_len(r, 0x80, 0x0f, 0, 0xde, 0xdf, n); }
-static int read_array(Reader *r, Py_ssize_t *n) { return read_len(r, 0x90, 0x0f, 0, 0xdc, 0xdd, n); }
+static int read_map(Reader *r, Py_ssize_t *n) {
+    return r->godot ? godot_count(r, V_DICTIONARY, n) : read_len(r, 0x80, 0x0f, 0, 0xde, 0xdf, n);
+}
+static int read_array(Reader *r, Py_ssize_t *n) {
+    return r->godot ? godot_count(r, V_ARRAY, n) : read_len(r, 0x90, 0x0f, 0, 0xdc, 0xdd, n);
+}
 
 static int read_str(Reader *r, const char **s, Py_ssize_t *n) {
+    if (r->godot) return godot_bytes(r, V_STRING, (const unsigned char **)s, n);
     if (!read_len(r, 0xa0, 0x1f, 0xd9, 0xda, 0xdb, n) || !need(r, *n)) return 0;
     *s = (const char *)r->p;
     r->p += *n;
@@ -136,6 +191,7 @@ static int read_str(Reader *r, const char **s, Py_ssize_t *n) {
 }
 
 static int read_bin(Reader *r, const unsigned char **s, Py_ssize_t *n) {
+    if (r->godot) return godot_bytes(r, V_PACKED_BYTES, s, n);
     if (!need(r, 1)) return 0;
     unsigned c = r->p[0];
     int width = c == 0xc4 ? 1 : c == 0xc5 ? 2 : c == 0xc6 ? 4 : 0;
@@ -150,6 +206,7 @@ static int read_bin(Reader *r, const unsigned char **s, Py_ssize_t *n) {
 
 /* A non-negative integer in any unsigned form (a game may patch its tick into a fixed-width uint32). */
 static int read_uint(Reader *r, uint64_t *v) {
+    if (r->godot) return godot_uint(r, v);
     if (!need(r, 1)) return 0;
     unsigned c = r->p[0];
     if (c <= 0x7f) {
@@ -165,6 +222,11 @@ static int read_uint(Reader *r, uint64_t *v) {
 }
 
 static int is_nil(Reader *r) {
+    if (r->godot) {
+        if (!need(r, 4) || le32(r->p) != V_NIL) return 0;
+        r->p += 4;
+        return 1;
+    }
     if (need(r, 1) && r->p[0] == 0xc0) {
         r->p += 1;
         return 1;
@@ -464,7 +526,7 @@ static PyObject *decode_actions(Reader *r, Body *body, Py_ssize_t entries) {
     return build(&actions_layout, tick, groups, NULL);
 }
 
-static PyObject *native_decode(PyObject *self, PyObject *arg) {
+static PyObject *decode_message(PyObject *arg, int godot) {
     if (!cfg.ready) {
         PyErr_SetString(PyExc_RuntimeError, "broker.protocol._native is not configured");
         return NULL;
@@ -474,7 +536,7 @@ static PyObject *native_decode(PyObject *self, PyObject *arg) {
     /* The arrays keep a view alive, never a bare bytearray, whose memory could move under them. */
     PyObject *base = PyBytes_CheckExact(arg) || PyMemoryView_Check(arg) ? (Py_INCREF(arg), arg) : PyMemoryView_FromObject(arg);
     Body body = {base, !view.readonly};
-    Reader r = {view.buf, (const unsigned char *)view.buf + view.len};
+    Reader r = {view.buf, (const unsigned char *)view.buf + view.len, godot};
     PyObject *message = NULL;
     Py_ssize_t entries;
     const char *type;
@@ -496,6 +558,10 @@ static PyObject *native_decode(PyObject *self, PyObject *arg) {
     if (message == NULL) Py_RETURN_NONE;
     return message;
 }
+
+static PyObject *native_decode(PyObject *self, PyObject *arg) { return decode_message(arg, 0); }
+
+static PyObject *native_decode_godot(PyObject *self, PyObject *arg) { return decode_message(arg, 1); }
 
 /* --- writing msgpack ---------------------------------------------------------------------------------- */
 
@@ -1008,6 +1074,8 @@ static PyObject *native_configure(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"configure", native_configure, METH_VARARGS, "Hand over the message classes, wire dtypes and limits."},
     {"decode", native_decode, METH_O, "A step, batch, act or actions message from a msgpack body, or None."},
+    {"decode_godot", native_decode_godot, METH_O,
+     "The same from a Godot Variant body (the addon's var_to_bytes), or None."},
     {"encode", (PyCFunction)(void (*)(void))native_encode, METH_FASTCALL,
      "encode(message, min_bytes, writable_too): the frame as buffers, or None."},
     {"all_finite", native_all_finite, METH_O, "Whether a float array has no NaN or infinity; None: not read here."},

@@ -30,7 +30,7 @@ from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_messa
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers
-from broker.protocol.hot import decode_hot, encode_hot_frame
+from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame
 from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     Batch,
@@ -182,8 +182,8 @@ _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
 def _decode_message(kind: BodyKind, body: bytes | memoryview) -> Message:
     """A body as its message: the per-step messages straight from their typed decode, the rest (and any
     of those the fast way leaves) through the maps and the message table."""
-    if kind is BodyKind.MSGPACK:
-        message = decode_hot(body)
+    if kind is BodyKind.MSGPACK or kind is BodyKind.GODOT:
+        message = decode_hot(body) if kind is BodyKind.MSGPACK else decode_hot_godot(body)
         if message is not None:
             return message
     return message_from_wire(decode_body(kind, body))

@@ -93,7 +93,7 @@ def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     # decoder below, which gives the same values or the precise error. The fast reader keeps no value
     # budget: it only takes bodies too short to hold more than MAX_FRAME_ELEMENTS values (each value
     # it reads has a 4-byte header; packed arrays other than bytes are left to the checked decoder).
-    if len(data) <= _FAST_MAX_BYTES:
+    if len(data) <= FAST_MAX_BYTES:
         try:
             value, end = _fast_value(data, 0, 0)
             if end == len(data) and type(value) is dict:
@@ -111,7 +111,9 @@ def decode(body: bytes | bytearray | memoryview) -> dict[Any, Any]:
     return value
 
 
-_FAST_MAX_BYTES: Final = 4 * MAX_FRAME_ELEMENTS
+# Bodies up to this size are read by the fast reader (and by the C codec's, broker/protocol/_native.c, which
+# takes what the fast reader takes); a longer body could hold more than MAX_FRAME_ELEMENTS values.
+FAST_MAX_BYTES: Final = 4 * MAX_FRAME_ELEMENTS
 
 
 class _Unusual(Exception):

@@ -25,7 +25,12 @@ if os.environ.get(PLAN["PURE_ENV"]) != "1":
 
     native = PLAN["native_source"](HERE / "broker").relative_to(HERE)
     ext_modules.append(
-        Extension(PLAN["NATIVE_MODULE"], [str(native)], include_dirs=[numpy.get_include()], extra_compile_args=["-O3"])
+        Extension(
+            PLAN["NATIVE_MODULE"],
+            [str(native)],
+            include_dirs=[numpy.get_include()],
+            extra_compile_args=["-O3", "-Werror=implicit-function-declaration"],
+        )
     )
     PLAN["write_digests"](HERE / "broker")
 

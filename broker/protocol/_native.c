@@ -1,5 +1,5 @@
 /* The per-step messages (step, batch, act, actions) between msgpack bodies and message objects, in C; and
- * from Godot Variant bodies (the addon's), read by the same code with the Variant forms of each value.
+ * between Godot Variant bodies (the addon's) and messages, by the same code with the Variant form of each value.
  *
  * The same job as broker/protocol/hot.py, for the bodies this package's encoders write, without a Python
  * object per field: the body is read once, each array becomes a numpy view of it, the checks hot.py makes
@@ -573,6 +573,7 @@ typedef struct {
     Py_ssize_t total;       /* body bytes, referenced ones included */
     Py_ssize_t min_bytes;   /* arrays of this many bytes or more go by reference (< 0: never) */
     int writable_too;
+    int godot; /* write a Godot Variant (var_to_bytes' bytes, as variant.encode writes them), not msgpack */
 } Writer;
 
 static int grow(Writer *w, Py_ssize_t n) {
@@ -606,12 +607,44 @@ static int put_len(Writer *w, unsigned fix, Py_ssize_t fix_max, unsigned c8, uns
     return put_be(w, c32, n, 4);
 }
 
-static int put_map(Writer *w, Py_ssize_t n) { return put_len(w, 0x80, 15, 0, 0xde, 0xdf, n); }
-static int put_array(Writer *w, Py_ssize_t n) { return put_len(w, 0x90, 15, 0, 0xdc, 0xdd, n); }
-static int put_bin_header(Writer *w, Py_ssize_t n) { return put_len(w, 0, -1, 0xc4, 0xc5, 0xc6, n); }
+static int put_le32(Writer *w, uint32_t value) {
+    unsigned char b[4] = {value & 0xff, (value >> 8) & 0xff, (value >> 16) & 0xff, (value >> 24) & 0xff};
+    return put(w, b, 4);
+}
+
+/* A Variant's 4-byte header and a 32-bit value (a count, a length, an int). */
+static int put_le2(Writer *w, uint32_t header, uint32_t value) { return put_le32(w, header) && put_le32(w, value); }
+
+static int put_pad(Writer *w, Py_ssize_t n) {
+    static const unsigned char zeros[4] = {0};
+    return put(w, zeros, (4 - (n & 3)) & 3);
+}
+
+static int put_godot_count(Writer *w, uint32_t header, Py_ssize_t n) {
+    return n <= 0x7fffffff && put_le2(w, header, (uint32_t)n);
+}
+
+static int put_map(Writer *w, Py_ssize_t n) {
+    return w->godot ? put_godot_count(w, V_DICTIONARY, n) : put_len(w, 0x80, 15, 0, 0xde, 0xdf, n);
+}
+static int put_array(Writer *w, Py_ssize_t n) {
+    return w->godot ? put_godot_count(w, V_ARRAY, n) : put_len(w, 0x90, 15, 0, 0xdc, 0xdd, n);
+}
+/* A Variant's bytes are padded after them: put_ndarray writes the padding. */
+static int put_bin_header(Writer *w, Py_ssize_t n) {
+    return w->godot ? put_godot_count(w, V_PACKED_BYTES, n) : put_len(w, 0, -1, 0xc4, 0xc5, 0xc6, n);
+}
 
 static int put_str(Writer *w, const char *s, Py_ssize_t n) {
+    if (w->godot) return put_godot_count(w, V_STRING, n) && put(w, s, n) && put_pad(w, n);
     return put_len(w, 0xa0, 31, 0xd9, 0xda, 0xdb, n) && put(w, s, n);
+}
+
+/* Godot's integers: 32-bit unless the value needs 64 (variant.encode's rule, and the engine's). */
+static int put_godot_int(Writer *w, long long v) {
+    if (v >= INT32_MIN && v <= INT32_MAX) return put_le2(w, V_INT, (uint32_t)(int32_t)v);
+    uint64_t u = (uint64_t)v;
+    return put_le2(w, V_INT64, (uint32_t)u) && put_le32(w, (uint32_t)(u >> 32));
 }
 
 static int put_cstr(Writer *w, const char *s) { return put_str(w, s, (Py_ssize_t)strlen(s)); }
@@ -624,6 +657,7 @@ static int put_text(Writer *w, PyObject *text) {
 
 /* msgspec's integers: the smallest form. */
 static int put_uint(Writer *w, uint64_t u) {
+    if (w->godot) return u <= (uint64_t)INT64_MAX && put_godot_int(w, (long long)u);
     if (u <= 0x7f) return put_be(w, (unsigned)u, 0, 0);
     if (u <= 0xff) return put_be(w, 0xcc, u, 1);
     if (u <= 0xffff) return put_be(w, 0xcd, u, 2);
@@ -636,6 +670,7 @@ static int put_int(Writer *w, PyObject *value) {
     int overflow;
     long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
     if (overflow || (v == -1 && PyErr_Occurred())) return 0;
+    if (w->godot) return put_godot_int(w, v);
     if (v >= 0) return put_uint(w, (uint64_t)v);
     if (v >= -32) return put_be(w, (unsigned)(v & 0xff), 0, 0);
     if (v >= -128) return put_be(w, 0xd0, (uint64_t)v & 0xff, 1);
@@ -684,6 +719,7 @@ static int put_ndarray(Writer *w, PyObject *value, int by_reference) {
         if (!put_uint(w, (uint64_t)PyArray_DIMS(a)[i])) return 0;
     Py_ssize_t nbytes = PyArray_NBYTES(a);
     if (!put_cstr(w, "data") || !put_bin_header(w, nbytes)) return 0;
+    if (w->godot) return put(w, PyArray_DATA(a), nbytes) && put_pad(w, nbytes); /* never by reference */
     if (by_reference && w->min_bytes >= 0 && nbytes >= w->min_bytes && (w->writable_too || !PyArray_ISWRITEABLE(a)))
         return put_reference(w, value, nbytes);
     return put(w, PyArray_DATA(a), nbytes);
@@ -811,22 +847,19 @@ static int put_message(Writer *w, PyObject *message) {
 /* encode(message, min_bytes, writable_too) -> list of buffers (the first with the frame header), or None.
  * Arrays of ``min_bytes`` or more go by reference (read-only ones only, unless ``writable_too``); a negative
  * ``min_bytes``: none. Joined, the buffers are hot.encode_hot_frame's bytes. */
-static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 3, "encode(message, min_bytes, writable_too)")) return NULL;
+static PyObject *encode_frame(PyObject *message, Py_ssize_t min_bytes, int writable_too, int godot) {
     if (!cfg.ready) {
         PyErr_SetString(PyExc_RuntimeError, "broker.protocol._native is not configured");
         return NULL;
     }
-    Py_ssize_t min_bytes = PyLong_AsSsize_t(args[1]);
-    if (min_bytes == -1 && PyErr_Occurred()) return NULL;
     /* The first piece begins with the frame's 4 header bytes (one write for them and the body's beginning),
      * filled in once the body's size is known. */
-    Writer w = {NULL, 0, 0, PyList_New(0), 0, 0, min_bytes, PyObject_IsTrue(args[2])};
+    Writer w = {NULL, 0, 0, PyList_New(0), 0, 0, min_bytes, writable_too, godot};
     if (w.parts == NULL) return NULL;
     PyObject *result = NULL;
     if (grow(&w, 512)) {
         w.len = 4;
-        if (put_message(&w, args[0]) && w.total + (w.len - 4) <= (Py_ssize_t)UINT32_MAX) {
+        if (put_message(&w, message) && w.total + (w.len - 4) <= (Py_ssize_t)UINT32_MAX) {
             uint32_t size = (uint32_t)(w.total + (w.len - 4));
             unsigned char header[4] = {size & 0xff, (size >> 8) & 0xff, (size >> 16) & 0xff, (size >> 24) & 0xff};
             if (PyList_GET_SIZE(w.parts) == 0) /* the header's piece is still in the buffer */
@@ -848,6 +881,25 @@ static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_RETURN_NONE;
     }
     return result;
+}
+
+static PyObject *native_encode(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 3, "encode(message, min_bytes, writable_too)")) return NULL;
+    Py_ssize_t min_bytes = PyLong_AsSsize_t(args[1]);
+    int writable_too = PyObject_IsTrue(args[2]);
+    if ((min_bytes == -1 || writable_too < 0) && PyErr_Occurred()) return NULL;
+    return encode_frame(args[0], min_bytes, writable_too, 0);
+}
+
+/* encode_godot(message) -> the frame (header and Variant body) as bytes, or None. Nothing goes by reference. */
+static PyObject *native_encode_godot(PyObject *self, PyObject *message) {
+    PyObject *parts = encode_frame(message, -1, 0, 1);
+    if (parts == NULL || parts == Py_None) return parts;
+    PyObject *frame = PyList_GET_SIZE(parts) == 1 ? PyList_GET_ITEM(parts, 0) : NULL;
+    Py_XINCREF(frame);
+    Py_DECREF(parts);
+    if (frame == NULL) Py_RETURN_NONE;
+    return frame;
 }
 
 /* all_finite(array) -> bool, or None for what this does not read (the caller's numpy way decides). */
@@ -1076,6 +1128,7 @@ static PyMethodDef methods[] = {
     {"decode", native_decode, METH_O, "A step, batch, act or actions message from a msgpack body, or None."},
     {"decode_godot", native_decode_godot, METH_O,
      "The same from a Godot Variant body (the addon's var_to_bytes), or None."},
+    {"encode_godot", native_encode_godot, METH_O, "encode_godot(message): the frame with a Godot Variant body, or None."},
     {"encode", (PyCFunction)(void (*)(void))native_encode, METH_FASTCALL,
      "encode(message, min_bytes, writable_too): the frame as buffers, or None."},
     {"all_finite", native_all_finite, METH_O, "Whether a float array has no NaN or infinity; None: not read here."},

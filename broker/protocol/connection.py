@@ -30,7 +30,7 @@ from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_messa
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers
-from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame
+from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame, encode_hot_godot_frame
 from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     Batch,
@@ -192,11 +192,12 @@ def _decode_message(kind: BodyKind, body: bytes | memoryview) -> Message:
 def _encode_message(kind: BodyKind, message: Message) -> bytes:
     """A message's frame: the small per-step messages straight from their parts, the rest through
     ``to_wire`` and the reused packer (whose buffer a large frame needs: see ``encode_message_frame``)."""
+    frame = None
     if kind is BodyKind.MSGPACK and array_bytes(message) < GATHER_MIN_BYTES:
         frame = encode_hot_frame(message)
-        if frame is not None:
-            return frame
-    return encode_message_frame(kind, message.to_wire())
+    elif kind is BodyKind.GODOT:
+        frame = encode_hot_godot_frame(message)
+    return frame if frame is not None else encode_message_frame(kind, message.to_wire())
 
 
 class BrokerConnection:

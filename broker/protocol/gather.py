@@ -15,7 +15,7 @@ import msgpack
 
 from broker.protocol.codec import BodyKind, encode_message_frame
 from broker.protocol.framing import HEADER, Buffer, bin_header
-from broker.protocol.hot import hot_frame_buffers
+from broker.protocol.hot import encode_hot_godot_frame, hot_frame_buffers
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, TrainerAct
 
 # A bin value at least this large is sent from its own memory; below it copying is cheaper than a buffer
@@ -56,7 +56,8 @@ def frame_buffers(kind: BodyKind, message: Message, writable_too: bool = False) 
     sent, may pass ``writable_too``.
     """
     if kind is not BodyKind.MSGPACK:
-        return [encode_message_frame(kind, message.to_wire())]
+        frame = encode_hot_godot_frame(message) if kind is BodyKind.GODOT else None
+        return [frame if frame is not None else encode_message_frame(kind, message.to_wire())]
     buffers = hot_frame_buffers(message, GATHER_MIN_BYTES, writable_too)
     if buffers is not None:
         return buffers if len(buffers) <= MAX_BUFFERS else [b"".join(buffers)]

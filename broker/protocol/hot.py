@@ -301,6 +301,15 @@ def encode_hot_frame(message: Message) -> bytes | None:
     return encode_typed_frame(message)
 
 
+def encode_hot_godot_frame(message: Message) -> bytes | None:
+    """A step, batch, act or actions message's frame with a Godot Variant body, by the C way only: the bytes
+    ``variant.encode(message.to_wire())`` gives; None: the general way encodes it (no C codec, infos, ...)."""
+    if _NATIVE is None:
+        return None
+    frame: bytes | None = _NATIVE.encode_godot(message)
+    return frame
+
+
 def encode_typed_frame(message: Message) -> bytes | None:
     """``encode_hot_frame``'s Python way: msgspec encodes the typed structs filled from the message."""
     out = _out(message)

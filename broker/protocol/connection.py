@@ -26,11 +26,11 @@ from typing import Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.codec import BodyKind, body_kind, decode_body, encode_message_frame
+from broker.protocol.codec import BodyKind, body_kind, decode_body
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
-from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers
-from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame, encode_hot_godot_frame
+from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers, whole_frame
+from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame
 from broker.protocol.json_body import pack_json, unpack_json
 from broker.protocol.messages import (
     Batch,
@@ -182,22 +182,22 @@ _ALLOWED_FOR_PEER: Final[dict[str, tuple[type, ...]]] = {
 def _decode_message(kind: BodyKind, body: bytes | memoryview) -> Message:
     """A body as its message: the per-step messages straight from their typed decode, the rest (and any
     of those the fast way leaves) through the maps and the message table."""
-    if kind is BodyKind.MSGPACK or kind is BodyKind.GODOT:
-        message = decode_hot(body) if kind is BodyKind.MSGPACK else decode_hot_godot(body)
-        if message is not None:
-            return message
-    return message_from_wire(decode_body(kind, body))
+    message: Message | None = None  # JSON bodies have no fast way
+    if kind is BodyKind.MSGPACK:
+        message = decode_hot(body)
+    elif kind is BodyKind.GODOT:
+        message = decode_hot_godot(body)
+    return message if message is not None else message_from_wire(decode_body(kind, body))
 
 
 def _encode_message(kind: BodyKind, message: Message) -> bytes:
-    """A message's frame: the small per-step messages straight from their parts, the rest through
-    ``to_wire`` and the reused packer (whose buffer a large frame needs: see ``encode_message_frame``)."""
-    frame = None
+    """A message's frame: the small per-step msgpack messages straight from their parts, the rest through
+    ``whole_frame`` (the C codec for a Godot peer's per-step messages, else ``to_wire`` and the codec's encoder)."""
     if kind is BodyKind.MSGPACK and array_bytes(message) < GATHER_MIN_BYTES:
         frame = encode_hot_frame(message)
-    elif kind is BodyKind.GODOT:
-        frame = encode_hot_godot_frame(message)
-    return frame if frame is not None else encode_message_frame(kind, message.to_wire())
+        if frame is not None:
+            return frame
+    return whole_frame(kind, message)
 
 
 class BrokerConnection:

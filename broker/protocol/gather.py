@@ -56,14 +56,20 @@ def frame_buffers(kind: BodyKind, message: Message, writable_too: bool = False) 
     sent, may pass ``writable_too``.
     """
     if kind is not BodyKind.MSGPACK:
-        frame = encode_hot_godot_frame(message) if kind is BodyKind.GODOT else None
-        return [frame if frame is not None else encode_message_frame(kind, message.to_wire())]
+        return [whole_frame(kind, message)]
     buffers = hot_frame_buffers(message, GATHER_MIN_BYTES, writable_too)
     if buffers is not None:
         return buffers if len(buffers) <= MAX_BUFFERS else [b"".join(buffers)]
     if array_bytes(message) < GATHER_MIN_BYTES:
-        return [encode_message_frame(kind, message.to_wire())]
+        return [whole_frame(kind, message)]
     return wire_buffers(message.to_wire(), writable_too=writable_too)
+
+
+def whole_frame(kind: BodyKind, message: Message) -> bytes:
+    """The message's frame as one buffer: a per-step message to a Godot peer from the C codec, anything
+    else (and what it leaves) through ``to_wire`` and the codec's encoder."""
+    frame = encode_hot_godot_frame(message) if kind is BodyKind.GODOT else None
+    return frame if frame is not None else encode_message_frame(kind, message.to_wire())
 
 
 def wire_buffers(wire: dict[str, Any], min_bytes: int = GATHER_MIN_BYTES, writable_too: bool = False) -> list[Buffer]:

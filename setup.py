@@ -1,5 +1,5 @@
 """The build: setuptools, with the per-step modules listed in broker/compiled.py compiled by mypyc, and the
-C codec of the per-step messages (broker/protocol/_native.c) beside them.
+hand-written C modules it lists beside them (the per-step messages' codec, a plugin game's per-step JSON).
 
 ``GDRL_BROKER_PURE=1 pip install -e .`` builds without compiling (no C compiler needed); the package then
 runs as plain Python, with the same behaviour and 1.1 to 1.5 times the CPU in the broker.
@@ -23,15 +23,16 @@ if os.environ.get(PLAN["PURE_ENV"]) != "1":
     import numpy
     from setuptools import Extension
 
-    native = PLAN["native_source"](HERE / "broker").relative_to(HERE)
-    ext_modules.append(
-        Extension(
-            PLAN["NATIVE_MODULE"],
-            [str(native)],
-            include_dirs=[numpy.get_include()],
-            extra_compile_args=["-O3", "-Werror=implicit-function-declaration"],
+    for module in PLAN["NATIVE_MODULES"]:
+        native = PLAN["native_source"](module, HERE / "broker").relative_to(HERE)
+        ext_modules.append(
+            Extension(
+                module,
+                [str(native)],
+                include_dirs=[numpy.get_include()],
+                extra_compile_args=["-O3", "-Werror=implicit-function-declaration"],
+            )
         )
-    )
     PLAN["write_digests"](HERE / "broker")
 
 setup(ext_modules=ext_modules)

@@ -58,10 +58,14 @@ COMPILED_MODULES: Final = (
     "broker.protocol.spaces",
     "broker.server.peer",
 )
-# Hand-written C beside them (broker/protocol/_native.c): the per-step messages' codec without a Python object
-# per field. Built with them, guarded with them (its source's digest too), and not importable whenever they run
-# from source (hot.py and spaces.py then do its work in Python).
-NATIVE_MODULE: Final = "broker.protocol._native"
+# Hand-written C beside them, each module with its source: the per-step messages' codec without a Python object
+# per field (broker/protocol/_native.c), and a godot_rl plugin game's per-step JSON read into arrays and written
+# from them (broker/legacy/_wire.c). Built with them, guarded with them (their sources' digests too), and not
+# importable whenever they run from source (their users then do their work in Python, with the same results).
+NATIVE_MODULES: Final = {
+    "broker.protocol._native": "protocol/_native.c",
+    "broker.legacy._wire": "legacy/_wire.c",
+}
 GROUP_NAME: Final = "broker._compiled"  # the one shared library mypyc builds them into
 DIGESTS_FILE: Final = "_compiled_sources.json"  # beside this file: each compiled source's sha256
 PURE_ENV: Final = "GDRL_BROKER_PURE"
@@ -74,13 +78,15 @@ def source_path(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
     return package_dir.joinpath(*module.split(".")[1:]).with_suffix(".py")
 
 
-def native_source(package_dir: Path = _PACKAGE_DIR) -> Path:
-    return package_dir / "protocol" / "_native.c"
+def native_source(module: str, package_dir: Path = _PACKAGE_DIR) -> Path:
+    """The C source of one of ``NATIVE_MODULES``."""
+    return package_dir / NATIVE_MODULES[module]
 
 
 def digests(package_dir: Path = _PACKAGE_DIR) -> dict[str, str]:
     found = {m: hashlib.sha256(source_path(m, package_dir).read_bytes()).hexdigest() for m in COMPILED_MODULES}
-    found[NATIVE_MODULE] = hashlib.sha256(native_source(package_dir).read_bytes()).hexdigest()
+    for module in NATIVE_MODULES:
+        found[module] = hashlib.sha256(native_source(module, package_dir).read_bytes()).hexdigest()
     return found
 
 
@@ -109,7 +115,7 @@ def stale_modules() -> list[str]:
     except (OSError, ValueError):
         built = {}
     now = digests()
-    return [m for m in (*COMPILED_MODULES, NATIVE_MODULE) if built.get(m) != now[m]]
+    return [m for m in (*COMPILED_MODULES, *NATIVE_MODULES) if built.get(m) != now[m]]
 
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
@@ -121,7 +127,7 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname == NATIVE_MODULE:  # C, with no source to run instead: its users take their Python way
+        if fullname in NATIVE_MODULES:  # C, with no source to run instead: its users take their Python way
             raise ModuleNotFoundError(f"{fullname} is off while the per-step modules run from source", name=fullname)
         if fullname not in self.modules:
             return None

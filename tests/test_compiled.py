@@ -137,7 +137,10 @@ def test_extension_modules_names_each_compiled_module_by_its_import_name(compile
 
 
 def _native_probe(root: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    code = "from broker.protocol import hot, spaces; print(hot._NATIVE is not None, spaces._NATIVE is not None)"
+    code = (
+        "from broker.protocol import hot, spaces; from broker.legacy import wire; "
+        "print(hot._NATIVE is not None, spaces._NATIVE is not None, wire._C is not None)"
+    )
     full_env = {k: v for k, v in os.environ.items() if k != compiled.PURE_ENV}
     full_env.update(env or {}, PYTHONPATH=str(root))
     return subprocess.run(
@@ -150,11 +153,14 @@ def test_the_c_codec_is_on_with_the_build_and_off_with_a_changed_source_or_the_p
 ) -> None:
     root = _copy_package(tmp_path)
     on = _native_probe(root)
-    assert on.returncode == 0 and on.stdout.split() == ["True", "True"], on.stderr
+    assert on.returncode == 0 and on.stdout.split() == ["True"] * 3, on.stderr
     pure = _native_probe(root, {compiled.PURE_ENV: "1"})
-    assert pure.returncode == 0 and pure.stdout.split() == ["False", "False"], pure.stderr
-    source = compiled.native_source(root / "broker")
-    source.write_text(source.read_text(encoding="utf-8") + "\n/* changed after the build */\n", encoding="utf-8")
-    stale = _native_probe(root)
-    assert stale.returncode == 0 and stale.stdout.split() == ["False", "False"], stale.stderr
-    assert "RuntimeWarning" in stale.stderr and compiled.NATIVE_MODULE in stale.stderr
+    assert pure.returncode == 0 and pure.stdout.split() == ["False"] * 3, pure.stderr
+    for module in compiled.NATIVE_MODULES:  # either C source changed: both C modules off, with the warning
+        source = compiled.native_source(module, root / "broker")
+        original = source.read_text(encoding="utf-8")
+        source.write_text(original + "\n/* changed after the build */\n", encoding="utf-8")
+        stale = _native_probe(root)
+        assert stale.returncode == 0 and stale.stdout.split() == ["False"] * 3, stale.stderr
+        assert "RuntimeWarning" in stale.stderr and module in stale.stderr
+        source.write_text(original, encoding="utf-8")

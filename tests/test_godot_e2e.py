@@ -238,8 +238,12 @@ def test_plugin_sync_game_trains_through_the_same_port(
     for policy in POLICIES:
         result = report(tmp_path, policy)
         assert result["agents"] == 4 and result["steps"] >= timesteps and result["episodes"] > 0
-    joined = [e for e in json_log(broker_log) if e.get("event") == "godot_rl game joined"]
+    events = json_log(broker_log)
+    joined = [e for e in events if e.get("event") == "godot_rl game joined"]
     assert len(joined) == 2 and all(e["policies"] == {"player": 2, "platform": 2} for e in joined), joined
+    # Godot's own JSON (JSON.stringify) is read by the C reader, step after step (broker/legacy/_wire.c)
+    assert all(e["replies_read_in_c"] for e in joined), joined
+    assert not [e for e in events if e.get("event") == "godot_rl game reply read the general way"]
     for i in range(2):  # godot_rl's Sync prints its physics settings
         assert "physics ticks" in (tmp_path / f"g{i}.log").read_text(), "the game did not run godot_rl's Sync node"
 

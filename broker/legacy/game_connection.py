@@ -73,6 +73,7 @@ class GodotRlGameConnection:
         self.game_index: int | None = None
         self.refused = False
         self._deferred: GameActions | None = None  # actions that arrived while a call was open
+        self._told_general_way = False
 
     # --- from the game ----------------------------------------------------------------------------
 
@@ -88,11 +89,31 @@ class GodotRlGameConnection:
         self._frames.receive_data(data)
 
     def next_event(self) -> Hello | GameStep | CallAnswered | Refused | Farewell | None:
-        body = self._next_body()
-        if body is None:
+        if self._first is not None:
+            body, self._first = self._first, None
+            return self._receive(body)
+        raw = self._frames.next_legacy_body()  # a broken frame raises here: a plain "peer error"
+        if raw is None:
             return None
         if self.refused:  # the game's answer to our reason: now say goodbye
             return Farewell(self.game.close_request())
+        in_c = self.game.awaits_reply_read_in_c
+        try:
+            step = self.game.receive_reply(raw)  # a step or reset reply read straight into arrays, if C reads it
+        except RemoteProtocolError as exc:
+            return Refused(self.refuse(exc))
+        if step is not None:
+            return step
+        if in_c and not self._told_general_way:  # once: why this game costs more broker CPU than others
+            self._told_general_way = True
+            log.info(
+                "godot_rl game reply read the general way",
+                peer=self.label,
+                note="slower: some value is outside what the fast reader takes (docs/migration.md)",
+            )
+        return self._receive(self._frames.legacy_json(raw))  # undecodable JSON raises: a plain "peer error"
+
+    def _receive(self, body: dict[str, Any]) -> Hello | GameStep | CallAnswered | Refused:
         try:
             event = self.game.receive(body)
         except RemoteProtocolError as exc:
@@ -100,14 +121,6 @@ class GodotRlGameConnection:
         if isinstance(event, CallResult):
             return CallAnswered(event, self._release_deferred())
         return event
-
-    def _next_body(self) -> dict[str, Any] | None:
-        if self._first is not None:
-            body, self._first = self._first, None
-            return body
-        message = self._frames.next_event()  # a broken frame raises here: a plain "peer error"
-        assert message is None or isinstance(message, LegacyMessage)  # BrokerConnection stays in LEGACY
-        return None if message is None else message.body
 
     def _release_deferred(self) -> bytes:
         if self._deferred is None or self.game.phase is not Phase.AWAIT_ACTIONS:
@@ -142,6 +155,7 @@ class GodotRlGameConnection:
                 game=self.game_index,
                 agents=self.game.n_agents,
                 policies={g.spec.policy: len(g.agents) for g in self.game.groups},
+                replies_read_in_c=self.game.replies_read_in_c,
             )
             return self.game.reset_request()
         if isinstance(message, Close):

@@ -40,6 +40,7 @@ import numpy as np
 
 from broker.legacy.wire import (
     DEFAULT_POLICY,
+    ReplyPlan,
     decode_flags,
     decode_numbers,
     decode_rows,
@@ -47,9 +48,13 @@ from broker.legacy.wire import (
     encode_message,
     message_type,
     policy_spaces_from_godot,
+    read_reply,
+    reply_plan,
+    write_actions,
 )
 from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
+from broker.protocol.json_body import unpack_json
 from broker.protocol.messages import GameActions, GameStep, Hello, StepData, check_info
 from broker.protocol.spaces import MAX_AGENTS, GroupSpec, PolicySpaces
 
@@ -103,8 +108,44 @@ class GodotRlGame:
         self.tick = 0
         self._last_actions: dict[str, dict[str, np.ndarray]] = {}
         self._call_method = ""
+        self._plan: ReplyPlan | None = None  # for _wire.c, once the groups are known
+        self._seats: dict[int, tuple[int, int]] = {}  # agent -> (group index, row in the group)
+        self._rows_of: tuple[np.ndarray | None, ...] = ()  # per group its agents, None when all in order
 
     # --- from the game ----------------------------------------------------------------------------
+
+    @property
+    def replies_read_in_c(self) -> bool:
+        """Whether this game's ``reset``/``step`` replies go to the C reader first (all but discrete
+        observations and escaped key names, in a build with C)."""
+        return self._plan is not None and self._plan.read is not None
+
+    @property
+    def awaits_reply_read_in_c(self) -> bool:
+        """Whether the next frame is a ``reset``/``step`` reply for the C reader."""
+        return self.replies_read_in_c and self.phase in (Phase.AWAIT_STEP, Phase.AWAIT_RESET)
+
+    def receive_reply(self, body: bytes | memoryview) -> GameStep | None:
+        """A ``reset``/``step`` reply read by the C reader (``_wire.c``) straight into arrays; None when this is
+        not one it reads, and then ``receive`` takes the decoded body. Both give the same step."""
+        if self._plan is None or not self.awaits_reply_read_in_c:
+            return None
+        first = self.phase is Phase.AWAIT_RESET
+        reply = read_reply(self._plan, body, first)
+        if reply is None:
+            return None
+        what = f"godot_rl '{'reset' if first else 'step'}' reply"
+        observations = [
+            dict(zip((key for key, _ in g.spec.spaces.observation), arrays, strict=True))
+            for g, arrays in zip(self.groups, reply.observations, strict=True)
+        ]
+        infos = {agent: unpack_json(body[start:end]) for agent, start, end in reply.info_spans}
+        if reply.reward is None or reply.done is None:
+            step = self._game_step(True, observations, np.zeros(self.n_agents), np.zeros(self.n_agents, bool), {}, what)
+        else:
+            step = self._game_step(False, observations, reply.reward, reply.done, infos, what)
+        self.phase = Phase.AWAIT_ACTIONS
+        return step
 
     def receive(self, body: dict[str, Any]) -> Hello | GameStep | CallResult:
         """One message from the game. Raises RemoteProtocolError when it is not what this phase expects."""
@@ -162,6 +203,11 @@ class GodotRlGame:
             groups.append(AgentGroup(GroupSpec.from_wire(wire, f"env_info policy '{policy}'"), tuple(agents)))
         self.groups = tuple(groups)
         self.n_agents = n
+        self._plan = reply_plan([(g.spec.spaces, g.agents) for g in self.groups], n)
+        self._seats = {agent: (index, row) for index, g in enumerate(self.groups) for row, agent in enumerate(g.agents)}
+        self._rows_of = tuple(
+            None if g.agents == tuple(range(n)) else np.asarray(g.agents, np.intp) for g in self.groups
+        )
         # a held group executes zeros before its trainer ever answered, as RLlib's wrapper sends
         self._last_actions = {g.spec.policy: g.spec.zero_actions() for g in self.groups}
         self.phase = Phase.READY
@@ -176,57 +222,82 @@ class GodotRlGame:
         if first:  # godot_rl discards the reset reply's info; so do we
             reward = np.zeros(self.n_agents)
             done = np.zeros(self.n_agents, bool)
-            infos: list[Any] = [{}] * self.n_agents
+            infos: dict[int, dict[str, Any]] = {}
         else:
             reward = decode_numbers(body.get("reward"), self.n_agents, f"{what}.reward", code)
             done = decode_flags(body.get("done"), self.n_agents, f"{what}.done", code)
-            infos = body.get("info", [{}] * self.n_agents)  # older plugins send no info
+            listed = body.get("info", [{}] * self.n_agents)  # older plugins send no info
             n = self.n_agents
-            if not isinstance(infos, list) or len(infos) != n or not all(isinstance(x, dict) for x in infos):
+            if not isinstance(listed, list) or len(listed) != n or not all(isinstance(x, dict) for x in listed):
                 raise RemoteProtocolError(code, f"{what}: 'info' must list {self.n_agents} maps")
-        groups = {g.spec.policy: self._group_step(g, obs_rows, reward, done, infos, what) for g in self.groups}
+            infos = {i: info for i, info in enumerate(listed) if info}
+        observations = [
+            decode_rows(g.spec.spaces, [obs_rows[i] for i in g.agents], f"{what}.obs[{g.spec.policy}]")
+            for g in self.groups
+        ]
+        return self._game_step(first, observations, reward, done, infos, what)
+
+    def _game_step(
+        self,
+        first: bool,
+        observations: list[dict[str, np.ndarray]],
+        reward: np.ndarray,
+        done: np.ndarray,
+        infos: dict[int, dict[str, Any]],
+        what: str,
+    ) -> GameStep:
+        """The step from decoded parts: per group its observations; per agent reward and done; the non-empty
+        infos by agent."""
+        per_group: list[list[tuple[int, int, dict[str, Any]]]] = [[] for _ in self.groups]
+        for agent, info in infos.items():
+            index, row = self._seats[agent]
+            per_group[index].append((agent, row, info))
+        groups = {
+            g.spec.policy: self._group_step(g, rows, obs, reward, done, group_infos, what)
+            for g, rows, obs, group_infos in zip(self.groups, self._rows_of, observations, per_group, strict=True)
+        }
         if not first:
             self.tick += 1
-        return GameStep(self.tick, groups)
+        step: GameStep = GameStep.unchecked(self.tick, groups)  # parts built and checked above
+        return step
 
     def _group_step(
         self,
         group: AgentGroup,
-        obs_rows: list[Any],
+        agents: np.ndarray | None,
+        obs: dict[str, np.ndarray],
         reward: np.ndarray,
         done: np.ndarray,
-        infos: list[dict[str, Any]],
+        infos: list[tuple[int, int, dict[str, Any]]],
         what: str,
     ) -> StepData:
-        spaces = group.spec.spaces
-        agents = list(group.agents)
-        obs = decode_rows(spaces, [obs_rows[i] for i in agents], f"{what}.obs[{group.spec.policy}]")
-        group_done = done[agents]
-        truncated = np.array([bool(infos[i].get(INFO_TRUNCATED, False)) for i in agents]) & group_done
-        final_rows = [row for row, i in enumerate(agents) if group_done[row] and INFO_TERMINAL_OBS in infos[i]]
+        """One group's StepData; ``agents`` indexes the game's per-agent arrays (None: all, in order); ``infos``
+        are the group's non-empty ones as (agent, row, info) in row order."""
+        group_done = done if agents is None else done[agents]
+        group_reward = (reward if agents is None else reward[agents]).astype(np.float32, copy=False)
+        truncated = np.zeros(len(group.agents), bool)
+        if not infos:  # most steps: nothing truncated, no final observation, no extra info
+            return StepData.unchecked(obs, group_reward, group_done, truncated)
+        finals: list[tuple[int, Any]] = []  # (row, its final observation)
+        extra: dict[int, dict[str, Any]] = {}
+        for agent, row, info in infos:
+            truncated[row] = bool(info.get(INFO_TRUNCATED, False)) and bool(group_done[row])
+            if group_done[row] and INFO_TERMINAL_OBS in info:
+                finals.append((row, info[INFO_TERMINAL_OBS]))
+            rest = {k: v for k, v in info.items() if k not in (INFO_TRUNCATED, INFO_TERMINAL_OBS)}
+            if rest:
+                check_info(rest, f"{what}.info[{agent}]")
+                extra[row] = rest
         final_index = final_obs = None
-        if final_rows:
-            final_index = np.asarray(final_rows, np.int32)
+        if finals:
+            final_index = np.asarray([row for row, _ in finals], np.int32)
             final_obs = decode_rows(
-                spaces,
-                [infos[agents[row]][INFO_TERMINAL_OBS] for row in final_rows],
+                group.spec.spaces,
+                [observation for _, observation in finals],
                 f"{what}.info[{group.spec.policy}].{INFO_TERMINAL_OBS}",
             )
-        extra: dict[int, dict[str, Any]] = {}
-        for row, i in enumerate(agents):
-            rest = {k: v for k, v in infos[i].items() if k not in (INFO_TRUNCATED, INFO_TERMINAL_OBS)}
-            if rest:
-                check_info(rest, f"{what}.info[{i}]")
-                extra[row] = rest
-        return StepData(
-            obs,
-            reward[agents].astype(np.float32),
-            group_done & ~truncated,
-            truncated,
-            final_index,
-            final_obs,
-            extra,
-        )
+        # Every part is shaped here from the group's rows: nothing for StepData's construction check to find.
+        return StepData.unchecked(obs, group_reward, group_done & ~truncated, truncated, final_index, final_obs, extra)
 
     # --- to the game ------------------------------------------------------------------------------
 
@@ -243,7 +314,7 @@ class GodotRlGame:
         unknown = set(message.groups) - set(self._last_actions)
         if unknown:
             raise LocalProtocolError(ErrorCode.INTERNAL, f"actions for groups {sorted(unknown)} the game lacks")
-        per_agent: list[dict[str, Any]] = [{} for _ in range(self.n_agents)]
+        per_group: list[dict[str, np.ndarray]] = []
         for group in self.groups:
             policy = group.spec.policy
             actions = message.groups.get(policy)
@@ -251,9 +322,16 @@ class GodotRlGame:
                 actions = self._last_actions[policy]  # held: the plugin needs them spelled out
             else:
                 self._last_actions[policy] = actions
+            per_group.append(actions)
+        self.phase = Phase.AWAIT_STEP
+        if self._plan is not None:
+            frame = write_actions(self._plan, per_group, [g.spec.spaces for g in self.groups])
+            if frame is not None:
+                return frame
+        per_agent: list[dict[str, Any]] = [{} for _ in range(self.n_agents)]
+        for group, actions in zip(self.groups, per_group, strict=True):
             for i, row in zip(group.agents, encode_actions(group.spec.spaces, actions), strict=True):
                 per_agent[i] = row
-        self.phase = Phase.AWAIT_STEP
         return encode_message({"type": "action", "action": per_agent})
 
     def call_request(self, method: str) -> bytes:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -27,6 +29,7 @@ from broker.protocol.codec import BodyKind, body_kind
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.json_body import unpack_json
+from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_NESTING
 from broker.protocol.spaces import (
     BoxSpace,
     ContinuousAction,
@@ -338,3 +341,109 @@ def encode_actions(spaces: PolicySpaces, actions: dict[str, np.ndarray]) -> list
         else:
             columns.append((key, array.astype(np.int64).reshape(n).tolist()))
     return [{key: values[i] for key, values in columns} for i in range(n)]
+
+
+# --- the same in C: one game's replies straight into arrays, its action requests from them ----------------
+
+
+def _load_c() -> Any:
+    """``_wire.c``, or None: a pure build, or per-step modules running from source (broker/compiled.py)."""
+    try:
+        from broker.legacy import _wire
+    except ImportError:
+        return None
+    return _wire
+
+
+_C: Final[Any] = _load_c()
+_FLOATS: Final = 0  # _wire.c's kinds of observation key
+_HEX: Final = 1
+
+
+@dataclass(frozen=True)
+class ReplyPlan:
+    """Where each agent of one game sits (its group, its row there) and what its group's keys are, in the form
+    ``_wire.c`` reads; built once, from the game's ``env_info``."""
+
+    agent_group: bytes  # int32 per agent
+    agent_row: bytes  # int32 per agent
+    read: tuple[tuple[int, tuple[tuple[bytes, int, int], ...]], ...] | None  # None: a key C does not read
+    shapes: tuple[tuple[tuple[int, ...], ...], ...]  # per group, per observation key: a row's shape
+    actions: tuple[tuple[int, tuple[bytes, ...], bytes, tuple[int, ...]], ...]  # rows, '"key": ', kinds, widths
+
+
+def reply_plan(groups: Sequence[tuple[PolicySpaces, Sequence[int]]], n_agents: int) -> ReplyPlan | None:
+    """The plan for a game whose groups are (spaces, agent indices) in group order; None without ``_wire.c``."""
+    if _C is None:
+        return None
+    group_of = np.zeros(n_agents, np.int32)
+    row_of = np.zeros(n_agents, np.int32)
+    read: list[tuple[int, tuple[tuple[bytes, int, int], ...]]] | None = []
+    shapes = []
+    actions = []
+    for index, (spaces, agents) in enumerate(groups):
+        group_of[list(agents)] = index
+        row_of[list(agents)] = np.arange(len(agents))
+        keys = []
+        for key, space in spaces.observation:
+            if json.dumps(key)[1:-1] != key or not isinstance(space, BoxSpace):
+                read = None  # discrete observations, keys JSON escapes: the Python way
+                break
+            if is_image_key(key):
+                kind = _HEX
+            elif space.dtype == "float32":
+                kind = _FLOATS
+            else:
+                read = None
+                break
+            keys.append((key.encode("ascii"), kind, math.prod(space.shape)))
+        if read is not None:
+            read.append((len(agents), tuple(keys)))
+        shapes.append(tuple(space.row_shape for _, space in spaces.observation))
+        prefixes = tuple((json.dumps(key) + ": ").encode("ascii") for key, _ in spaces.action)
+        kinds = b"".join(b"c" if isinstance(space, ContinuousAction) else b"d" for _, space in spaces.action)
+        widths = tuple(space.size if isinstance(space, ContinuousAction) else 1 for _, space in spaces.action)
+        if any(not isinstance(space, (ContinuousAction, DiscreteAction)) for _, space in spaces.action):
+            return None
+        actions.append((len(agents), prefixes, kinds, widths))
+    return ReplyPlan(
+        group_of.tobytes(), row_of.tobytes(), None if read is None else tuple(read), tuple(shapes), tuple(actions)
+    )
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A step or reset reply as read by ``_wire.c``: arrays per group in key order, and the non-empty infos."""
+
+    observations: list[list[np.ndarray]]
+    reward: np.ndarray | None  # float32 per agent; None for a reset reply
+    done: np.ndarray | None  # bool per agent
+    info_spans: list[tuple[int, int, int]]  # (agent, start, end) of each non-empty info map in the body
+
+
+def read_reply(plan: ReplyPlan, body: bytes | memoryview, first: bool) -> Reply | None:
+    """A ``reset`` (first) or ``step`` reply read in C, or None: not in what C reads, so the Python way decides."""
+    if plan.read is None:
+        return None
+    found = _C.read_step(body, first, (plan.agent_group, plan.agent_row, plan.read), MAX_FRAME_ELEMENTS, MAX_NESTING)
+    if found is None:
+        return None
+    observations, reward, done, spans = found
+    for arrays, shapes in zip(observations, plan.shapes, strict=True):
+        for k, shape in enumerate(shapes):
+            if len(shape) != 1:
+                arrays[k] = arrays[k].reshape(-1, *shape)
+    return Reply(observations, reward, done, spans)
+
+
+def write_actions(
+    plan: ReplyPlan, actions: Sequence[dict[str, np.ndarray]], spaces: Sequence[PolicySpaces]
+) -> bytes | None:
+    """The ``action`` request frame from each group's actions, byte for byte what ``encode_message`` writes
+    from ``encode_actions``' rows; None when an array is not in a form C reads (the Python way writes it)."""
+    groups = tuple(
+        (*layout, tuple(group[key] for key, _ in group_spaces.action))
+        for layout, group, group_spaces in zip(plan.actions, actions, spaces, strict=True)
+    )
+    frame: bytes | None = _C.write_actions(plan.agent_group, plan.agent_row, groups)
+    return frame

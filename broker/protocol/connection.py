@@ -269,6 +269,28 @@ class BrokerConnection:
             }[message.role]
         return message
 
+    def next_legacy_body(self) -> bytes | memoryview | None:
+        """A godot_rl game's next frame body, JSON not yet decoded (its connection reads the per-step replies
+        straight into arrays); raises RemoteProtocolError (and moves to CLOSED) on a broken or non-JSON frame."""
+        if self.state is not State.LEGACY:
+            raise LocalProtocolError(ErrorCode.INTERNAL, f"no godot_rl game on this connection ({self.state.value})")
+        try:
+            body = self._decoder.next_frame_view()
+            if body is not None and body_kind(body) is not BodyKind.JSON:
+                raise RemoteProtocolError(ErrorCode.MALFORMED, "a godot_rl game sent a non-JSON frame")
+        except RemoteProtocolError:
+            self.state = State.CLOSED
+            raise
+        return body
+
+    def legacy_json(self, body: bytes | memoryview) -> dict[str, Any]:
+        """``next_legacy_body``'s body decoded, as ``next_event`` decodes a godot_rl game's frames."""
+        try:
+            return unpack_json(body)
+        except RemoteProtocolError:
+            self.state = State.CLOSED
+            raise
+
     def send(self, message: Message) -> bytes:
         if self.state is State.LEGACY:
             raise LocalProtocolError(ErrorCode.INTERNAL, "native message on a godot_rl connection")

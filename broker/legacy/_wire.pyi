@@ -1,0 +1,6 @@
+"""Types of broker/legacy/_wire.c (a plugin game's per-step JSON in C); wire.py is its only user."""
+
+from typing import Any
+
+def read_step(body: Any, first: bool, plan: Any, max_values: int, max_nesting: int) -> tuple[Any, ...] | None: ...
+def write_actions(agent_group: bytes, agent_row: bytes, groups: tuple[Any, ...]) -> bytes | None: ...

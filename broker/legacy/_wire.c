@@ -269,18 +269,19 @@ typedef struct {
 } Plan;
 
 static int observation_value(Scan *s, Key *key, Py_ssize_t row) {
-    if (key->kind == KIND_HEX) {
-        const unsigned char *start;
-        Py_ssize_t length;
-        int escaped;
-        if (!string(s, &start, &length, &escaped) || escaped || length != 2 * key->size) return DECLINE;
+    if (key->kind == KIND_HEX) { /* a string of exactly 2 x size hex digits, read in one pass */
+        if (peek(s) != '"') return DECLINE;
+        const unsigned char *digits = s->p + 1;
+        Py_ssize_t n = 2 * key->size;
+        if (s->end - digits < n + 1 || digits[n] != '"') return DECLINE;
         uint8_t *out = (uint8_t *)PyArray_DATA(key->array) + row * key->size;
         int bad = 0;
         for (Py_ssize_t i = 0; i < key->size; i++) {
-            int high = HEX[start[2 * i]], low = HEX[start[2 * i + 1]];
-            bad |= high | low; /* negative once any is not a hex digit */
+            int high = HEX[digits[2 * i]], low = HEX[digits[2 * i + 1]];
+            bad |= high | low; /* negative once any is not a hex digit (a quote or backslash included) */
             out[i] = (uint8_t)(high * 16 + low);
         }
+        s->p = digits + n + 1;
         return bad >= 0;
     }
     float *out = (float *)PyArray_DATA(key->array) + row * key->size;

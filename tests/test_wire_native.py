@@ -418,3 +418,17 @@ def test_actions_in_a_form_c_does_not_write_go_the_python_way() -> None:
     assert wire.write_actions(playing._plan, [{"move": strided}], [playing.groups[0].spec.spaces]) is None
     frame = playing.actions_request(GameActions(0, {"shared_policy": {"move": strided}}))
     assert frame.endswith(b'[{"move": [0.0, 0.0]}, {"move": [0.0, 0.0]}]}')
+
+
+def test_continuous_actions_are_written_as_float_repr_writes_them() -> None:
+    """The writer's own shortest-repr for float32 values (1e-4 <= |x| < 1e7) and PyOS_double_to_string for the
+    rest give repr's text: random float32s of every magnitude, and the edges of the fast range."""
+    rng = np.random.default_rng(5)
+    uniform = rng.uniform(-1, 1, 100_000).astype(np.float32)
+    patterns = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = [np.float32(x) for x in (1e-4, 1e7, 2.0**23, 2.0**-13, 0.5, 0.1, 1 / 3)]
+    near = [np.nextafter(e, np.float32(d)) for e in edges for d in (-np.inf, np.inf)]
+    doubles = rng.uniform(-2, 2, 20_000)  # not float32 values: the general way
+    for value in [*uniform, *patterns[np.isfinite(patterns)], *edges, *near, *doubles]:
+        number = float(value)
+        assert wire._C.float_text(number) == repr(number).encode(), repr(number)

@@ -562,6 +562,93 @@ static inline void put(Out *out, const char *text, Py_ssize_t n) {
 #define MAX_FLOAT_TEXT 32 /* float.__repr__ is at most 24 characters: -2.2250738585072014e-308 */
 #define MAX_INT_TEXT 21
 
+typedef unsigned __int128 u128;
+static u128 POW10_WIDE[24];    /* 10^i, filled by the module's init */
+static uint64_t POW10_U64[18]; /* the same, up to 10^17 */
+
+/* Whether D (the value in units of 2^-(s+31) of its 17-digit scale, as q and the remainder r below 2^s)
+ * rounds from the candidate c (within 12 units of q): |c - D| within the half-gap on that side. */
+static inline int rounds_to(uint64_t c, uint64_t q, uint64_t r, int s, u128 above, u128 below, u128 *distance) {
+    u128 unit = (u128)1 << (s + 31), rest = (u128)r << 31;
+    if (c > q) {
+        if (c - q > 12) return 0;
+        *distance = (u128)(c - q) * unit - rest;
+        return *distance <= above;
+    }
+    if (q - c > 12) return 0;
+    *distance = (u128)(q - c) * unit + rest;
+    return *distance <= below;
+}
+
+/* float.__repr__ of a float32 value widened to double (what the hub's actions are) with 1e-4 <= |value| < 1e7:
+ * the shortest decimal that reads back as the value, the closest one if several, written as repr writes it
+ * (no exponent in this range). 0 for any other value, or a tie, which PyOS_double_to_string then writes.
+ *
+ * value = m / 2^s exactly (m of 24 bits); scaled to 17 significant digits it is D = q + r / 2^s, and a double
+ * with m's 53-bit mantissa m * 2^29 (even: both ends round to it) reads back from anything within half its
+ * gap, h = 10^(16-k) / 2^(s+30) of these units (0.55 to 11.1; half that below a power of two). A j-digit
+ * decimal is a multiple of 10^(17-j) there; if one of j digits is within reach, so is one of j + 1. */
+static int repr_float32(double value, char *text) {
+    double magnitude = fabs(value);
+    if (!(magnitude >= 1e-4 && magnitude < 1e7) || (double)(float)magnitude != magnitude) return 0;
+    int binary_exponent;
+    double fraction = frexp(magnitude, &binary_exponent);
+    uint64_t m = (uint64_t)ldexp(fraction, 24);
+    int s = 24 - binary_exponent;
+    int k = (int)floor(log10(magnitude));
+    u128 x;
+    for (int tries = 0;; tries++) { /* the log's guess of k may be one off near a power of ten */
+        if (tries > 2 || k < -4 || k > 7 || s < 0 || s > 40) return 0;
+        x = (u128)m * POW10_WIDE[16 - k];
+        if (x < ((u128)POW10_U64[16] << s)) k--;
+        else if (x >= ((u128)POW10_U64[17] << s)) k++;
+        else break;
+    }
+    uint64_t q = (uint64_t)(x >> s), r = (uint64_t)(x & (((u128)1 << s) - 1));
+    u128 above = 2 * POW10_WIDE[16 - k], below = m == (1ULL << 23) ? above / 2 : above, d_low, d_high;
+    /* 17 digits: the nearest integer, always within reach (h > 1/2) */
+    u128 half = (u128)1 << (s + 30), rest = (u128)r << 31;
+    if (s > 0 && rest == half) return 0;
+    uint64_t best = rest > half ? q + 1 : q;
+    int digits = 17;
+    for (int j = 16; j >= 1; j--) {
+        uint64_t step = POW10_U64[17 - j], low = q - q % step, high = low + step;
+        int fits_low = rounds_to(low, q, r, s, above, below, &d_low);
+        int fits_high = rounds_to(high, q, r, s, above, below, &d_high);
+        if (!fits_low && !fits_high) break;
+        if (fits_low && fits_high && d_low == d_high) return 0;
+        best = fits_low && (!fits_high || d_low < d_high) ? low : high;
+        digits = j;
+    }
+    uint64_t lead = best / POW10_U64[17 - digits];
+    int point = k + 1; /* digits before the decimal point */
+    if (lead == POW10_U64[digits]) { /* rounded up to the next power of ten */
+        lead = 1;
+        digits = 1;
+        point++;
+    }
+    char figures[20];
+    for (int i = digits - 1; i >= 0; i--, lead /= 10) figures[i] = (char)('0' + lead % 10);
+    int n = 0;
+    if (value < 0) text[n++] = '-';
+    if (point <= 0) {
+        text[n++] = '0';
+        text[n++] = '.';
+        for (int i = 0; i < -point; i++) text[n++] = '0';
+        for (int i = 0; i < digits; i++) text[n++] = figures[i];
+    } else if (point >= digits) {
+        for (int i = 0; i < digits; i++) text[n++] = figures[i];
+        for (int i = digits; i < point; i++) text[n++] = '0';
+        text[n++] = '.';
+        text[n++] = '0';
+    } else {
+        for (int i = 0; i < point; i++) text[n++] = figures[i];
+        text[n++] = '.';
+        for (int i = point; i < digits; i++) text[n++] = figures[i];
+    }
+    return n;
+}
+
 /* As wire.encode_actions writes a continuous action: NaN as 0, infinities as +-1, then float.__repr__. */
 static int put_float(Out *out, double value) {
     if (isnan(value)) value = 0.0;
@@ -569,6 +656,12 @@ static int put_float(Out *out, double value) {
     if (value == 0.0) {
         if (signbit(value)) put(out, "-0.0", 4);
         else put(out, "0.0", 3);
+        return OK;
+    }
+    char quick[MAX_FLOAT_TEXT];
+    int length = repr_float32(value, quick);
+    if (length) {
+        put(out, quick, length);
         return OK;
     }
     char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
@@ -713,7 +806,18 @@ end:
     return result;
 }
 
+/* float_text(value): the text put_float writes for one value (for the tests). */
+static PyObject *wire_float_text(PyObject *self, PyObject *arg) {
+    double value = PyFloat_AsDouble(arg);
+    if (value == -1.0 && PyErr_Occurred()) return NULL;
+    char buffer[MAX_FLOAT_TEXT + 8];
+    Out out = {buffer, 0, sizeof buffer};
+    if (put_float(&out, value) != OK) return NULL;
+    return PyBytes_FromStringAndSize(buffer, out.length);
+}
+
 static PyMethodDef methods[] = {
+    {"float_text", wire_float_text, METH_O, "float_text(value): a continuous action's text as the writer writes it."},
     {"read_step", (PyCFunction)(void (*)(void))wire_read_step, METH_FASTCALL,
      "read_step(body, first, plan, max_values, max_nesting): a plugin game's reply as arrays, or None."},
     {"write_actions", (PyCFunction)(void (*)(void))wire_write_actions, METH_FASTCALL,
@@ -725,6 +829,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_wire", NULL, -1, me
 
 PyMODINIT_FUNC PyInit__wire(void) {
     import_array();
+    POW10_WIDE[0] = 1;
+    for (int i = 1; i < 24; i++) POW10_WIDE[i] = POW10_WIDE[i - 1] * 10;
+    for (int i = 0; i < 18; i++) POW10_U64[i] = (uint64_t)POW10_WIDE[i];
     for (int c = 0; c < 256; c++)
         HEX[c] = (int16_t)(c >= '0' && c <= '9' ? c - '0'
                            : c >= 'a' && c <= 'f' ? c - 'a' + 10

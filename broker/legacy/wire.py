@@ -30,6 +30,7 @@ from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocol
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.json_body import unpack_json
 from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_NESTING
+from broker.protocol.native import load_c
 from broker.protocol.spaces import (
     BoxSpace,
     ContinuousAction,
@@ -346,16 +347,7 @@ def encode_actions(spaces: PolicySpaces, actions: dict[str, np.ndarray]) -> list
 # --- the same in C: one game's replies straight into arrays, its action requests from them ----------------
 
 
-def _load_c() -> Any:
-    """``_wire.c``, or None: a pure build, or per-step modules running from source (broker/compiled.py)."""
-    try:
-        from broker.legacy import _wire
-    except ImportError:
-        return None
-    return _wire
-
-
-_C: Final[Any] = _load_c()
+_C: Final[Any] = load_c("broker.legacy._wire")  # _wire.c, or None (then the Python way above)
 _FLOATS: Final = 0  # _wire.c's kinds of observation key
 _HEX: Final = 1
 

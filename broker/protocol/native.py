@@ -1,18 +1,19 @@
-"""The C codec of the per-step messages (``_native.c``), or None: a pure build, or a process whose per-step
-modules run from source (``GDRL_BROKER_PURE=1``, a stale build: broker/compiled.py keeps it from importing).
-Its users (hot.py, spaces.py) then take their Python way, with the same results."""
+"""The hand-written C modules (broker/compiled.py's ``NATIVE_MODULES``), each as a module or None: a pure build, or
+a process whose per-step modules run from source (``GDRL_BROKER_PURE=1``, a stale build: broker/compiled.py keeps
+them from importing). Their users then take their Python way, with the same results."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Final
 
 
-def _load() -> Any:
+def load_c(module: str) -> Any:
+    """``module`` (one of ``NATIVE_MODULES``), or None when it cannot be imported here."""
     try:
-        from broker.protocol import _native
+        return importlib.import_module(module)
     except ImportError:
         return None
-    return _native
 
 
-NATIVE: Final[Any] = _load()
+NATIVE: Final[Any] = load_c("broker.protocol._native")  # the per-step messages' codec (hot.py, spaces.py)

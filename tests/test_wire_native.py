@@ -21,12 +21,15 @@ from benchmarks.lean_plugin_game import godot_float
 from broker.legacy import wire
 from broker.legacy.game_connection import GodotRlGameConnection
 from broker.legacy.godot_rl_game import GodotRlGame, Phase
+from broker.legacy.godot_rl_trainer import GodotRlTrainer
 from broker.protocol.connection import BrokerConnection, LegacyMessage
 from broker.protocol.errors import RemoteProtocolError
 from broker.protocol.framing import encode_frame
 from broker.protocol.json_body import unpack_json
 from broker.protocol.limits import MAX_FRAME_ELEMENTS
-from broker.protocol.messages import GameActions, GameStep, StepData
+from broker.protocol.messages import Batch, GameActions, GameLayout, GameStep, PolicyInfo, StepData
+from broker.protocol.spaces import DiscreteSpace, PolicySpaces
+from tests.test_legacy_wire import feed
 
 
 @pytest.fixture(autouse=True)
@@ -432,3 +435,98 @@ def test_continuous_actions_are_written_as_float_repr_writes_them() -> None:
     for value in [*uniform, *patterns[np.isfinite(patterns)], *edges, *near, *doubles]:
         number = float(value)
         assert wire._C.float_text(number) == repr(number).encode(), repr(number)
+
+
+# --- replies to a godot_rl script (gdrl-broker serve --godot-rl-trainer) ------------------------------------
+
+
+def random_batch_parts(rng: random.Random) -> tuple[PolicySpaces, dict[str, np.ndarray], StepData]:
+    """A policy's spaces and a batch as the hub hands it to a dialed godot_rl script: box, image and discrete
+    keys, rewards, ended rows with and without final observations, infos."""
+    observation: dict[str, Any] = {}
+    for k in range(rng.randint(1, 3)):
+        kind = rng.random()
+        if kind < 0.2:
+            observation[f"cam_2d_{k}"] = {"space": "box", "shape": [2, 2, 3], "dtype": "uint8", "low": 0, "high": 255}
+        elif kind < 0.35:
+            observation[f"cell{k}"] = {"space": "discrete", "n": 5}
+        else:
+            observation[f"obs{k}"] = {"space": "box", "shape": [rng.randint(1, 6)], "dtype": "float32"}
+    spaces = PolicySpaces.from_wire(observation, {"move": {"action_type": "continuous", "size": 2}}, "test")
+    n = rng.randint(1, 12)
+    specials = [0.0, -0.0, 1e-05, 0.1, 3.4e38, -2.5, 1e-30]
+
+    def rows(space: Any) -> np.ndarray:
+        if isinstance(space, DiscreteSpace):
+            return np.asarray([rng.randrange(space.n) for _ in range(n)], np.int32)
+        if space.dtype == "uint8":
+            return np.asarray([[rng.randrange(256) for _ in range(12)] for _ in range(n)], np.uint8).reshape(n, 2, 2, 3)
+        width = space.shape[0]
+        pick = [
+            [rng.choice(specials) if rng.random() < 0.2 else rng.uniform(-3, 3) for _ in range(width)] for _ in range(n)
+        ]
+        return np.asarray(pick, np.float32)
+
+    obs = {key: rows(space) for key, space in spaces.observation}
+    terminated = np.asarray([rng.random() < 0.2 for _ in range(n)])
+    truncated = np.asarray([rng.random() < 0.2 for _ in range(n)]) & ~terminated
+    ended = np.flatnonzero(terminated | truncated)
+    with_final = [int(r) for r in ended if rng.random() < 0.5]
+    final_index = np.asarray(with_final, np.int32) if with_final else None
+    final_obs = {key: rows(space)[: len(with_final)] for key, space in spaces.observation} if with_final else None
+    infos = {r: {"score": rng.randint(0, 9), "note": 'a"b'} for r in range(n) if rng.random() < 0.2}
+    reward = np.asarray(
+        [rng.choice(specials) if rng.random() < 0.2 else rng.uniform(-9, 9) for _ in range(n)], np.float32
+    )
+    data = StepData(obs, reward, terminated, truncated, final_index, final_obs, infos)
+    return spaces, obs, data
+
+
+def script_session(spaces: PolicySpaces, data: StepData, request: dict[str, Any]) -> GodotRlTrainer:
+    """The broker's end of a dialed godot_rl script, past the handshake and env_info, with ``request`` open."""
+    session = GodotRlTrainer("p")
+    n = len(data.reward)
+    feed(session, {"type": "handshake", "major_version": "0", "minor_version": "7"}, {"type": "env_info"})
+    session.env_info_reply(PolicyInfo("p", n, spaces, (GameLayout(0, 0, n),)))
+    if request["type"] == "action":
+        feed(session, {"type": "reset"})
+        session.batch_reply(Batch(0, data))
+    assert len(feed(session, request)) == 1
+    return session
+
+
+def test_replies_to_a_godot_rl_script_are_byte_for_byte_the_python_ways() -> None:
+    rng = random.Random(11)
+    written_in_c = 0
+    for trial in range(300):
+        spaces, _, data = random_batch_parts(rng)
+        n = len(data.reward)
+        request = {"type": "reset"} if trial % 4 == 0 else {"type": "action", "action": [{"move": [0, 0]}] * n}
+        with_c = script_session(spaces, data, request).batch_reply(Batch(1, data))
+        saved, wire._C = wire._C, None  # the Python way
+        try:
+            without_c = script_session(spaces, data, request).batch_reply(Batch(1, data))
+        finally:
+            wire._C = saved
+        assert with_c == without_c
+        written_in_c += wire.write_reply(spaces, data.obs, data.reward, np.zeros(n, bool), {}) is not None
+    assert written_in_c >= 290
+
+
+def test_a_reply_c_does_not_write_goes_the_python_way() -> None:
+    spaces = PolicySpaces.from_wire(
+        {"obs": {"space": "box", "shape": [2, 2], "dtype": "float32"}},
+        {"move": {"action_type": "continuous", "size": 1}},
+        "t",
+    )
+    obs = {"obs": np.arange(8, dtype=np.float32).reshape(2, 2, 2)}  # nested rows: encode_rows' tolist
+    assert wire.write_reply(spaces, obs, None, None, {}) is None
+    flat = PolicySpaces.from_wire(
+        {"obs": {"space": "box", "shape": [2], "dtype": "float32"}},
+        {"move": {"action_type": "continuous", "size": 1}},
+        "t",
+    )
+    strided = {"obs": np.zeros((2, 4), np.float32)[:, ::2]}
+    assert wire.write_reply(flat, strided, None, None, {}) is None
+    nan_reward = np.asarray([np.nan, 0.0], np.float32)  # json.dumps writes NaN: left to it
+    assert wire.write_reply(flat, {"obs": np.zeros((2, 2), np.float32)}, nan_reward, np.zeros(2, bool), {}) is None

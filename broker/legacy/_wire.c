@@ -552,13 +552,33 @@ end:
 typedef struct {
     char *data;
     Py_ssize_t length, capacity;
+    int overflow; /* set instead of writing past capacity: the bound computed before writing was wrong */
 } Out;
 
 static inline void put(Out *out, const char *text, Py_ssize_t n) {
+    if (out->length + n > out->capacity) {
+        out->overflow = 1;
+        return;
+    }
     memcpy(out->data + out->length, text, (size_t)n);
     out->length += n;
 }
 
+/* The frame's header once its body is written; NULL with SystemError if the bound was wrong. */
+static PyObject *finish_frame(PyObject **frame, Out *out) {
+    if (out->overflow) {
+        PyErr_SetString(PyExc_SystemError, "_wire.c: a frame outgrew its computed bound");
+        return NULL;
+    }
+    uint32_t body_length = (uint32_t)(out->length - 4);
+    memcpy(out->data, &body_length, 4);
+    if (_PyBytes_Resize(frame, out->length) < 0) return NULL;
+    PyObject *done = *frame;
+    *frame = NULL;
+    return done;
+}
+
+#define PUT_TEXT(out, literal) put((out), (literal), (Py_ssize_t)sizeof(literal) - 1)
 #define MAX_FLOAT_TEXT 32 /* float.__repr__ is at most 24 characters: -2.2250738585072014e-308 */
 #define MAX_INT_TEXT 21
 
@@ -654,8 +674,8 @@ static int put_float(Out *out, double value) {
     if (isnan(value)) value = 0.0;
     else if (isinf(value)) value = value > 0 ? 1.0 : -1.0;
     if (value == 0.0) {
-        if (signbit(value)) put(out, "-0.0", 4);
-        else put(out, "0.0", 3);
+        if (signbit(value)) PUT_TEXT(out, "-0.0");
+        else PUT_TEXT(out, "0.0");
         return OK;
     }
     char quick[MAX_FLOAT_TEXT];
@@ -697,7 +717,7 @@ static PyObject *wire_write_actions(PyObject *self, PyObject *const *args, Py_ss
         PyBuffer_Release(&group_of);
         return NULL;
     }
-    PyObject *result = NULL, *groups = args[2];
+    PyObject *result = NULL, *frame = NULL, *groups = args[2];
     Py_ssize_t n_groups = PyTuple_GET_SIZE(groups), n_agents = group_of.len / (Py_ssize_t)sizeof(int32_t);
     const int32_t *agent_group = group_of.buf, *agent_row = row_of.buf;
     Columns *columns = PyMem_Calloc((size_t)(n_groups ? n_groups : 1), sizeof(Columns));
@@ -755,20 +775,20 @@ static PyObject *wire_write_actions(PyObject *self, PyObject *const *args, Py_ss
             PyErr_SetString(PyExc_ValueError, "write_actions: agent outside its group");
             goto end;
         }
-    PyObject *frame = PyBytes_FromStringAndSize(NULL, bound);
+    frame = PyBytes_FromStringAndSize(NULL, bound);
     if (frame == NULL) goto end;
-    Out out = {PyBytes_AS_STRING(frame), 4, bound};
-    put(&out, ACTION_HEAD, (Py_ssize_t)sizeof ACTION_HEAD - 1);
+    Out out = {PyBytes_AS_STRING(frame), 4, bound, 0};
+    PUT_TEXT(&out, ACTION_HEAD);
     for (Py_ssize_t i = 0; i < n_agents; i++) {
         const Columns *c = &columns[agent_group[i]];
         Py_ssize_t row = agent_row[i];
-        if (i) put(&out, ", ", 2);
-        put(&out, "{", 1);
+        if (i) PUT_TEXT(&out, ", ");
+        PUT_TEXT(&out, "{");
         for (Py_ssize_t k = 0; k < c->n_keys; k++) {
             PyObject *prefix = PyTuple_GET_ITEM(c->prefixes, k);
             const PyArrayObject *array = c->arrays[k];
             int type = PyArray_TYPE(array);
-            if (k) put(&out, ", ", 2);
+            if (k) PUT_TEXT(&out, ", ");
             put(&out, PyBytes_AS_STRING(prefix), PyBytes_GET_SIZE(prefix));
             if (c->kinds[k] != 'c') {
                 long long value = type == NPY_INT32 ? ((const int32_t *)PyArray_DATA((PyArrayObject *)array))[row]
@@ -779,30 +799,209 @@ static PyObject *wire_write_actions(PyObject *self, PyObject *const *args, Py_ss
                 continue;
             }
             Py_ssize_t width = c->widths[k];
-            put(&out, "[", 1);
+            PUT_TEXT(&out, "[");
             for (Py_ssize_t j = 0; j < width; j++) {
-                if (j) put(&out, ", ", 2);
+                if (j) PUT_TEXT(&out, ", ");
                 double value = type == NPY_FLOAT32
                                    ? (double)((const float *)PyArray_DATA((PyArrayObject *)array))[row * width + j]
                                    : ((const double *)PyArray_DATA((PyArrayObject *)array))[row * width + j];
-                if (put_float(&out, value) != OK) {
-                    Py_DECREF(frame);
-                    goto end;
-                }
+                if (put_float(&out, value) != OK) goto end;
             }
-            put(&out, "]", 1);
+            PUT_TEXT(&out, "]");
         }
-        put(&out, "}", 1);
+        PUT_TEXT(&out, "}");
     }
-    put(&out, "]}", 2);
-    uint32_t body_length = (uint32_t)(out.length - 4);
-    memcpy(out.data, &body_length, 4);
-    if (_PyBytes_Resize(&frame, out.length) == 0) result = frame;
+    PUT_TEXT(&out, "]}");
+    result = finish_frame(&frame, &out);
 end:
+    Py_XDECREF(frame);
     for (Py_ssize_t g = 0; columns && g < n_groups; g++) PyMem_Free(columns[g].widths);
     PyMem_Free(columns);
     PyBuffer_Release(&group_of);
     PyBuffer_Release(&row_of);
+    return result;
+}
+
+/* float.__repr__ of a finite value (json.dumps' text for it); FAIL on memory, DECLINE for NaN or infinities
+ * (which json.dumps would write as NaN/Infinity: the Python way). */
+static int put_repr(Out *out, double value) {
+    if (!isfinite(value)) return DECLINE;
+    if (value == 0.0) {
+        if (signbit(value)) PUT_TEXT(out, "-0.0");
+        else PUT_TEXT(out, "0.0");
+        return OK;
+    }
+    char quick[MAX_FLOAT_TEXT];
+    int length = repr_float32(value, quick);
+    if (length) {
+        put(out, quick, length);
+        return OK;
+    }
+    char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (text == NULL) return FAIL;
+    put(out, text, (Py_ssize_t)strlen(text));
+    PyMem_Free(text);
+    return OK;
+}
+
+static inline double float_at(PyArrayObject *array, Py_ssize_t i) {
+    return PyArray_TYPE(array) == NPY_FLOAT32 ? (double)((const float *)PyArray_DATA(array))[i]
+                                              : ((const double *)PyArray_DATA(array))[i];
+}
+
+static const char HEX_DIGITS[] = "0123456789abcdef";
+
+/* One observation column of a batch for a godot_rl script: '"key": ', and how its rows are written. */
+typedef struct {
+    PyObject *prefix;
+    char kind; /* 'f': a flat list of floats; 'x': an image's bytes as lowercase hex; 'i': one integer */
+    Py_ssize_t width;
+    PyArrayObject *array;
+} Column;
+
+/* write_reply(first, n, columns, reward, done, infos) -> the frame of a ``reset`` (first) or ``step`` reply to a
+ * godot_rl script, byte for byte json.dumps' text of the dict wire.encode_rows and batch_reply build; or None
+ * when a value is not one this writer writes. columns: tuple of (prefix, kind, width, array) in key order;
+ * reward: float array (n); done: bool array (n); infos: dict row -> that row's info as json.dumps' bytes (rows
+ * left out are {}). */
+static PyObject *wire_write_reply(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 || !PyTuple_Check(args[2]) || !PyDict_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "write_reply(first, n, columns, reward, done, infos)");
+        return NULL;
+    }
+    int first = PyObject_IsTrue(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]), n_columns = PyTuple_GET_SIZE(args[2]);
+    if (first < 0 || (n == -1 && PyErr_Occurred())) return NULL;
+    PyObject *infos = args[5];
+    PyArrayObject *reward = NULL, *done = NULL;
+    if (!first) {
+        if (!PyArray_Check(args[3]) || !PyArray_Check(args[4])) Py_RETURN_NONE;
+        reward = (PyArrayObject *)args[3];
+        done = (PyArrayObject *)args[4];
+        int reward_type = PyArray_TYPE(reward);
+        if (PyArray_SIZE(reward) != n || !PyArray_IS_C_CONTIGUOUS(reward) ||
+            (reward_type != NPY_FLOAT32 && reward_type != NPY_FLOAT64) || PyArray_SIZE(done) != n ||
+            !PyArray_IS_C_CONTIGUOUS(done) || PyArray_TYPE(done) != NPY_BOOL)
+            Py_RETURN_NONE;
+    }
+    Column *columns = PyMem_Calloc((size_t)(n_columns ? n_columns : 1), sizeof(Column));
+    if (columns == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL, *frame = NULL;
+    Py_ssize_t row_bound = 4;
+    for (Py_ssize_t k = 0; k < n_columns; k++) {
+        Column *c = &columns[k];
+        const char *kind;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(args[2], k), "O!snO", &PyBytes_Type, &c->prefix, &kind, &c->width,
+                              &c->array))
+            goto end;
+        c->kind = kind[0];
+        PyArrayObject *array = c->array;
+        int type = PyArray_Check(array) ? PyArray_TYPE(array) : -1;
+        int fits = type >= 0 && PyArray_IS_C_CONTIGUOUS(array) && c->width >= 0 &&
+                   PyArray_SIZE(array) == n * (c->kind == 'i' ? 1 : c->width);
+        if (c->kind == 'f') fits = fits && (type == NPY_FLOAT32 || type == NPY_FLOAT64);
+        else if (c->kind == 'x') fits = fits && type == NPY_UINT8;
+        else if (c->kind == 'i') fits = fits && (type == NPY_INT32 || type == NPY_INT64);
+        else fits = 0;
+        if (!fits) {
+            result = Py_NewRef(Py_None);
+            goto end;
+        }
+        row_bound += PyBytes_GET_SIZE(c->prefix) + 2 +
+                     (c->kind == 'f' ? 2 + c->width * (MAX_FLOAT_TEXT + 2) : c->kind == 'x' ? 2 + 2 * c->width : MAX_INT_TEXT);
+    }
+    Py_ssize_t bound = 64 + n * (row_bound + 2 + 2 + MAX_FLOAT_TEXT + 2 + 7 + 4);
+    PyObject *key, *value;
+    Py_ssize_t position = 0;
+    while (PyDict_Next(infos, &position, &key, &value)) {
+        Py_ssize_t row = PyLong_AsSsize_t(key);
+        if ((row == -1 && PyErr_Occurred()) || row < 0 || row >= n || !PyBytes_Check(value)) {
+            PyErr_Clear();
+            result = Py_NewRef(Py_None);
+            goto end;
+        }
+        bound += PyBytes_GET_SIZE(value);
+    }
+    frame = PyBytes_FromStringAndSize(NULL, bound);
+    if (frame == NULL) goto end;
+    Out out = {PyBytes_AS_STRING(frame), 4, bound, 0};
+    if (first) PUT_TEXT(&out, "{\"type\": \"reset\", \"obs\": [");
+    else PUT_TEXT(&out, "{\"type\": \"step\", \"obs\": [");
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i) PUT_TEXT(&out, ", ");
+        PUT_TEXT(&out, "{");
+        for (Py_ssize_t k = 0; k < n_columns; k++) {
+            Column *c = &columns[k];
+            if (k) PUT_TEXT(&out, ", ");
+            put(&out, PyBytes_AS_STRING(c->prefix), PyBytes_GET_SIZE(c->prefix));
+            if (c->kind == 'i') {
+                long long v = PyArray_TYPE(c->array) == NPY_INT32 ? ((const int32_t *)PyArray_DATA(c->array))[i]
+                                                                  : ((const int64_t *)PyArray_DATA(c->array))[i];
+                char text[MAX_INT_TEXT + 4];
+                put(&out, text, PyOS_snprintf(text, sizeof text, "%lld", v));
+            } else if (c->kind == 'x') {
+                const uint8_t *bytes = (const uint8_t *)PyArray_DATA(c->array) + i * c->width;
+                if (out.length + 2 + 2 * c->width > out.capacity) {
+                    out.overflow = 1;
+                    continue;
+                }
+                char *to = out.data + out.length;
+                *to++ = '"';
+                for (Py_ssize_t j = 0; j < c->width; j++) {
+                    *to++ = HEX_DIGITS[bytes[j] >> 4];
+                    *to++ = HEX_DIGITS[bytes[j] & 15];
+                }
+                *to++ = '"';
+                out.length = to - out.data;
+            } else {
+                PUT_TEXT(&out, "[");
+                for (Py_ssize_t j = 0; j < c->width; j++) {
+                    if (j) PUT_TEXT(&out, ", ");
+                    int written = put_repr(&out, float_at(c->array, i * c->width + j));
+                    if (written != OK) {
+                        if (written == DECLINE) result = Py_NewRef(Py_None);
+                        goto end;
+                    }
+                }
+                PUT_TEXT(&out, "]");
+            }
+        }
+        PUT_TEXT(&out, "}");
+    }
+    PUT_TEXT(&out, "]");
+    if (!first) {
+        PUT_TEXT(&out, ", \"reward\": [");
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i) PUT_TEXT(&out, ", ");
+            int written = put_repr(&out, float_at(reward, i));
+            if (written != OK) {
+                if (written == DECLINE) result = Py_NewRef(Py_None);
+                goto end;
+            }
+        }
+        PUT_TEXT(&out, "], \"done\": [");
+        const npy_bool *flags = (const npy_bool *)PyArray_DATA(done);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i) PUT_TEXT(&out, ", ");
+            if (flags[i]) PUT_TEXT(&out, "true");
+            else PUT_TEXT(&out, "false");
+        }
+        PUT_TEXT(&out, "]");
+    }
+    PUT_TEXT(&out, ", \"info\": [");
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i) PUT_TEXT(&out, ", ");
+        PyObject *row = PyLong_FromSsize_t(i), *text = row ? PyDict_GetItemWithError(infos, row) : NULL;
+        Py_XDECREF(row);
+        if (text != NULL) put(&out, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text));
+        else if (PyErr_Occurred()) goto end;
+        else PUT_TEXT(&out, "{}");
+    }
+    PUT_TEXT(&out, "]}");
+    result = finish_frame(&frame, &out);
+end:
+    Py_XDECREF(frame);
+    PyMem_Free(columns);
     return result;
 }
 
@@ -811,13 +1010,15 @@ static PyObject *wire_float_text(PyObject *self, PyObject *arg) {
     double value = PyFloat_AsDouble(arg);
     if (value == -1.0 && PyErr_Occurred()) return NULL;
     char buffer[MAX_FLOAT_TEXT + 8];
-    Out out = {buffer, 0, sizeof buffer};
+    Out out = {buffer, 0, sizeof buffer, 0};
     if (put_float(&out, value) != OK) return NULL;
     return PyBytes_FromStringAndSize(buffer, out.length);
 }
 
 static PyMethodDef methods[] = {
     {"float_text", wire_float_text, METH_O, "float_text(value): a continuous action's text as the writer writes it."},
+    {"write_reply", (PyCFunction)(void (*)(void))wire_write_reply, METH_FASTCALL,
+     "write_reply(first, n, columns, reward, done, infos): a reset/step reply to a godot_rl script, or None."},
     {"read_step", (PyCFunction)(void (*)(void))wire_read_step, METH_FASTCALL,
      "read_step(body, first, plan, max_values, max_nesting): a plugin game's reply as arrays, or None."},
     {"write_actions", (PyCFunction)(void (*)(void))wire_write_actions, METH_FASTCALL,

@@ -39,6 +39,7 @@ from broker.legacy.wire import (
     encode_rows,
     godot_spaces,
     message_type,
+    write_reply,
 )
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES
@@ -179,11 +180,14 @@ class GodotRlTrainer:
         assert self.info is not None
         spaces = self.info.spaces
         data = batch.data
-        obs = encode_rows(spaces, data.obs)
         if request == "reset":
+            frame = write_reply(spaces, data.obs, None, None, {})  # in C, when it writes these arrays
+            if frame is not None:
+                return frame
+            obs = encode_rows(spaces, data.obs)
             return encode_message({"type": "reset", "obs": obs, "info": [{} for _ in obs]})
         done = np.asarray(data.terminated) | np.asarray(data.truncated)
-        infos: list[dict[str, Any]] = [dict(data.infos.get(row, {})) for row in range(len(obs))]
+        infos: dict[int, dict[str, Any]] = {row: dict(info) for row, info in data.infos.items()}  # by row
         done_rows = np.flatnonzero(done).tolist()
         if done_rows:
             # SB3 bootstraps a truncated episode from info["terminal_observation"]; godot_rl passes the
@@ -193,15 +197,20 @@ class GodotRlTrainer:
             current = encode_rows(spaces, {k: v[done_rows] for k, v in data.obs.items()}, hex_images=False)
             for k, row in enumerate(done_rows):
                 j = finals.get(row)
-                infos[row]["terminal_observation"] = final_rows[j] if j is not None else current[k]
-                infos[row]["TimeLimit.truncated"] = bool(data.truncated[row] and not data.terminated[row])
+                info = infos.setdefault(row, {})
+                info["terminal_observation"] = final_rows[j] if j is not None else current[k]
+                info["TimeLimit.truncated"] = bool(data.truncated[row] and not data.terminated[row])
+        frame = write_reply(spaces, data.obs, data.reward, done, infos)
+        if frame is not None:
+            return frame
+        obs = encode_rows(spaces, data.obs)
         return encode_message(
             {
                 "type": "step",
                 "obs": obs,
                 "reward": np.asarray(data.reward, np.float64).tolist(),
                 "done": done.tolist(),
-                "info": infos,
+                "info": [infos.get(row, {}) for row in range(len(obs))],
             }
         )
 

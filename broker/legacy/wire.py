@@ -66,13 +66,17 @@ def _plain(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def encode_message(obj: dict[str, Any]) -> bytes:
-    """One frame exactly as godot_rl's Python side writes it: ``json.dumps`` defaults, ASCII, byte length."""
+def _json_text(obj: Any) -> bytes:
+    """``json.dumps`` with its defaults (and numpy values made plain), as ASCII."""
     try:
-        text = json.dumps(obj, default=_plain)
+        return json.dumps(obj, default=_plain).encode("ascii")
     except (TypeError, ValueError) as exc:
         raise LocalProtocolError(ErrorCode.INTERNAL, f"cannot encode a godot_rl message: {exc}") from None
-    return encode_frame(text.encode("ascii"))
+
+
+def encode_message(obj: dict[str, Any]) -> bytes:
+    """One frame exactly as godot_rl's Python side writes it: ``json.dumps`` defaults, ASCII, byte length."""
+    return encode_frame(_json_text(obj))
 
 
 class MessageDecoder:
@@ -438,4 +442,36 @@ def write_actions(
         for layout, group, group_spaces in zip(plan.actions, actions, spaces, strict=True)
     )
     frame: bytes | None = _C.write_actions(plan.agent_group, plan.agent_row, groups)
+    return frame
+
+
+def write_reply(
+    spaces: PolicySpaces,
+    obs: dict[str, np.ndarray],
+    reward: np.ndarray | None,
+    done: np.ndarray | None,
+    infos: dict[int, dict[str, Any]],
+) -> bytes | None:
+    """A ``reset`` (``reward`` None) or ``step`` reply to a godot_rl script, written by ``_wire.c`` byte for byte
+    as ``encode_message`` writes the dict of ``encode_rows``' rows, the rewards, the done flags and one info per
+    row (``infos``: the non-empty ones by row). None when an array is not in a form C writes (the Python way
+    then writes it)."""
+    if _C is None:
+        return None
+    columns = []
+    rows = 0
+    for key, space in spaces.observation:
+        array = np.asarray(obs[key])
+        rows = array.shape[0]
+        prefix = (json.dumps(key) + ": ").encode("ascii")
+        if isinstance(space, BoxSpace) and is_image_key(key):
+            columns.append((prefix, "x", math.prod(array.shape[1:]), array))
+        elif array.dtype.kind == "f" and array.ndim == 2:
+            columns.append((prefix, "f", array.shape[1], array))
+        elif array.dtype.kind == "i" and array.ndim == 1:
+            columns.append((prefix, "i", 1, array))
+        else:
+            return None  # nested rows, booleans, unsigned integers: encode_rows' tolist
+    texts = {row: _json_text(info) for row, info in infos.items() if info}
+    frame: bytes | None = _C.write_reply(reward is None, rows, tuple(columns), reward, done, texts)
     return frame

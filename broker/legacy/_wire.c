@@ -600,6 +600,28 @@ static inline int rounds_to(uint64_t c, uint64_t q, uint64_t r, int s, u128 abov
     return *distance <= below;
 }
 
+/* q mod 10^e, each divisor a constant the compiler turns into a multiplication */
+static inline uint64_t remainder_pow10(uint64_t q, int e) {
+    switch (e) {
+    case 1: return q % 10ULL;
+    case 2: return q % 100ULL;
+    case 3: return q % 1000ULL;
+    case 4: return q % 10000ULL;
+    case 5: return q % 100000ULL;
+    case 6: return q % 1000000ULL;
+    case 7: return q % 10000000ULL;
+    case 8: return q % 100000000ULL;
+    case 9: return q % 1000000000ULL;
+    case 10: return q % 10000000000ULL;
+    case 11: return q % 100000000000ULL;
+    case 12: return q % 1000000000000ULL;
+    case 13: return q % 10000000000000ULL;
+    case 14: return q % 100000000000000ULL;
+    case 15: return q % 1000000000000000ULL;
+    default: return q % 10000000000000000ULL;
+    }
+}
+
 /* float.__repr__ of a float32 value widened to double (what the hub's actions are) with 1e-4 <= |value| < 1e7:
  * the shortest decimal that reads back as the value, the closest one if several, written as repr writes it
  * (no exponent in this range). 0 for any other value, or a tie, which PyOS_double_to_string then writes.
@@ -615,15 +637,16 @@ static int repr_float32(double value, char *text) {
     double fraction = frexp(magnitude, &binary_exponent);
     uint64_t m = (uint64_t)ldexp(fraction, 24);
     int s = 24 - binary_exponent;
-    int k = (int)floor(log10(magnitude));
+    int k = (int)floor((binary_exponent - 1) * 0.30102999566398120); /* log10 of 2^(e-1): k or one below */
     u128 x;
-    for (int tries = 0;; tries++) { /* the log's guess of k may be one off near a power of ten */
-        if (tries > 2 || k < -4 || k > 7 || s < 0 || s > 40) return 0;
+    for (int tries = 0;; tries++) { /* the guess of k may be one off */
+        if (tries > 2 || k < -5 || k > 7 || s < 0 || s > 40) return 0;
         x = (u128)m * POW10_WIDE[16 - k];
         if (x < ((u128)POW10_U64[16] << s)) k--;
         else if (x >= ((u128)POW10_U64[17] << s)) k++;
         else break;
     }
+    if (k < -4) return 0; /* below 1e-4: repr writes an exponent */
     uint64_t q = (uint64_t)(x >> s), r = (uint64_t)(x & (((u128)1 << s) - 1));
     u128 above = 2 * POW10_WIDE[16 - k], below = m == (1ULL << 23) ? above / 2 : above, d_low, d_high;
     /* 17 digits: the nearest integer, always within reach (h > 1/2) */
@@ -632,7 +655,7 @@ static int repr_float32(double value, char *text) {
     uint64_t best = rest > half ? q + 1 : q;
     int digits = 17;
     for (int j = 16; j >= 1; j--) {
-        uint64_t step = POW10_U64[17 - j], low = q - q % step, high = low + step;
+        uint64_t step = POW10_U64[17 - j], low = q - remainder_pow10(q, 17 - j), high = low + step;
         int fits_low = rounds_to(low, q, r, s, above, below, &d_low);
         int fits_high = rounds_to(high, q, r, s, above, below, &d_high);
         if (!fits_low && !fits_high) break;

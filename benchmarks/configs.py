@@ -30,15 +30,19 @@ MODES: Final = (
     "broker_tcp",
     "broker_unix",
     "broker_plugin",
+    "broker_script",
     "broker_variant",
     "inprocess",
     "raw",
     "relay",
     "relay_asyncio",
 )
-# Not run by default: the old baseline, the asyncio relay (a diagnosis: what the event loop costs) and the
-# Variant codec (what an addon game's bodies cost the broker; asked for by name).
-DEFAULT_MODES: Final = tuple(m for m in MODES if m not in ("godot_rl_emulator", "relay_asyncio", "broker_variant"))
+# Not run by default: the old baseline, the asyncio relay (a diagnosis: what the event loop costs), the
+# Variant codec (what an addon game's bodies cost the broker) and godot_rl's scripts dialed by the broker (the
+# migration guide's path B); asked for by name.
+DEFAULT_MODES: Final = tuple(
+    m for m in MODES if m not in ("godot_rl_emulator", "relay_asyncio", "broker_variant", "broker_script")
+)
 MODE_TITLES: Final = {
     "godot_rl_per_policy": "(a) godot_rl, one port and one trainer process per policy, lean plugin game",
     "godot_rl_one_env": "(a') godot_rl, all agents of all policies in one env, lean plugin game",
@@ -47,6 +51,7 @@ MODE_TITLES: Final = {
     "broker_unix": "(c) broker Unix socket",
     "broker_plugin": "(b') broker TCP serving the lean plugin game (the broker's godot_rl JSON path)",
     "broker_variant": "(b'') broker TCP, the lean game's bodies as Godot Variants (the addon's codec)",
+    "broker_script": "(b''') the lean plugin game through the broker to godot_rl's SB3 env, dialed by the broker",
     "inprocess": "(d) in-process VecEnv",
     "raw": "(e) raw one-hop ceiling",
     "relay": "(f) two-hop ceiling: raw frames through a relay that does nothing else",

@@ -13,7 +13,9 @@ the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one
 clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) +
 one BrokerVecEnv process per policy over TCP; (b') ``broker_plugin``: the same serving the
 lean plugin game instead (the broker's godot_rl JSON path); (b'') ``broker_variant`` (not run by default): the
-lean game's bodies as Godot Variants, the addon's codec; (c) ``broker_unix``: the same over the broker's Unix
+lean game's bodies as Godot Variants, the addon's codec; (b''') ``broker_script`` (not run by default): the lean
+plugin game through the broker to godot_rl's own env, one process per policy, which the broker dials
+(``--godot-rl-trainer``: the migration guide's path B, keeping both the game and the script); (c) ``broker_unix``: the same over the broker's Unix
 socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
 games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly (the
 one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards them and does
@@ -76,7 +78,7 @@ except ImportError:  # an older tree with this benchmarks/ laid over it (benchma
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
-BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "broker_variant", "inprocess")
+BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "broker_script", "broker_variant", "inprocess")
 
 
 # The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of
@@ -306,6 +308,12 @@ class Run:
         args += ["--stepping", STEPPING]
         if self.mode == "broker_unix":
             args += ["--unix", str(unix_path)]
+        if self.mode == "broker_script":  # path B: godot_rl's own env per policy, listening; the broker dials it
+            for name in self.config.policy_names:
+                script_port = free_port()
+                script_args = ["--ports", str(script_port), "--label", name, *timing]
+                self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "godot_rl", *script_args])
+                args += ["--godot-rl-trainer", f"{name}=127.0.0.1:{script_port}"]
         broker = self.spawn("broker", args)
         while not port_file.exists():
             if broker.proc.poll() is not None or time.monotonic() > deadline:
@@ -315,10 +323,10 @@ class Run:
         self.sample_all()
         self.broker_idle_rss = broker.samples[-1].rss_bytes if broker.samples else None
         address = f"unix:{unix_path}" if self.mode == "broker_unix" else f"127.0.0.1:{port_file.read_text()}"
-        for name in self.config.policy_names:
+        for name in self.config.policy_names if self.mode != "broker_script" else ():
             trainer_args = ["--address", address, "--policy", name, *timing]
             self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "broker", *trainer_args])
-        if self.mode == "broker_plugin":  # godot_rl plugin games: the broker speaks their JSON
+        if self.mode in ("broker_plugin", "broker_script"):  # godot_rl plugin games: the broker speaks their JSON
             for i in range(self.config.games):
                 args = ["--config", config_json, "--game-index", str(i), "--ports", port_file.read_text()]
                 self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *_lean_game_flags])

@@ -6,21 +6,21 @@
     python -m benchmarks.run --preset smoke --modes raw,broker_tcp --out smoke.json
 
 Modes (configs.MODES): godot_rl as its users run it, the real godot-rl package's GodotEnv +
-StableBaselinesGodotEnv.step serving the lean plugin-protocol game (benchmarks/lean_plugin_game.py), for P
-policies either (a) ``godot_rl_per_policy``: one port and one trainer process per policy, or (a')
-``godot_rl_one_env``: all agents of all policies in one env; every ``x godot_rl`` ratio is against the faster of
-the two. (a'') ``godot_rl_emulator`` (not run by default): the old baseline, one env serving
-clients/plugin_emulator.py. (b) ``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) +
-one BrokerVecEnv process per policy over TCP; (b') ``broker_plugin``: the same serving the
-lean plugin game instead (the broker's godot_rl JSON path); (b'') ``broker_variant`` (not run by default): the
-lean game's bodies as Godot Variants, the addon's codec; (b''') ``broker_script`` (not run by default): the lean
-plugin game through the broker to godot_rl's own env, one process per policy, which the broker dials
-(``--godot-rl-trainer``: the migration guide's path B, keeping both the game and the script); (c) ``broker_unix``: the same over the broker's Unix
-socket; (d) ``inprocess``: the broker inside the trainer process, one InProcessBroker.vec_env thread per policy,
-games over TCP; (e) ``raw``: one trainer process and the games exchanging the same msgpack bytes directly (the
-one-hop ceiling); (f) ``relay``: the same frames through benchmarks/relay.py, which forwards them and does
-nothing else (the two-hop ceiling, the limit of any broker); (f') ``relay_asyncio`` (not run by default): the
-same relay on a uvloop event loop, as the broker's server reads and writes (what an asyncio broker costs at least).
+StableBaselinesGodotEnv.step serving the lean plugin-protocol game (benchmarks/lean_plugin_game.py), for P policies
+either (a) ``godot_rl_per_policy``: one port and one trainer process per policy, or (a') ``godot_rl_one_env``: all
+agents of all policies in one env; every ``x godot_rl`` ratio is against the faster of the two. (a'')
+``godot_rl_emulator`` (not run by default): the old baseline, one env serving clients/plugin_emulator.py. (b)
+``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) + one BrokerVecEnv process per policy over
+TCP; (b') ``broker_plugin``: the same serving the lean plugin game instead (the broker's godot_rl JSON path); (b'')
+``broker_variant`` (not run by default): the lean game's bodies as Godot Variants, the addon's codec; (b''')
+``broker_script`` (not run by default): the lean plugin game through the broker to godot_rl's own env, one process
+per policy, which the broker dials (``--godot-rl-trainer``: the migration guide's path B, keeping both the game and
+the script); (c) ``broker_unix``: the same over the broker's Unix socket; (d) ``inprocess``: the broker inside the
+trainer process, one InProcessBroker.vec_env thread per policy, games over TCP; (e) ``raw``: one trainer process
+and the games exchanging the same msgpack bytes directly (the one-hop ceiling); (f) ``relay``: the same frames
+through benchmarks/relay.py, which forwards them and does nothing else (the two-hop ceiling, the limit of any
+broker); (f') ``relay_asyncio`` (not run by default): the same relay on a uvloop event loop, as the broker's server
+reads and writes (what an asyncio broker costs at least).
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """

@@ -692,10 +692,10 @@ static int repr_float32(double value, char *text) {
     return n;
 }
 
-/* As wire.encode_actions writes a continuous action: NaN as 0, infinities as +-1, then float.__repr__. */
-static int put_float(Out *out, double value) {
-    if (isnan(value)) value = 0.0;
-    else if (isinf(value)) value = value > 0 ? 1.0 : -1.0;
+/* float.__repr__ of a finite value (json.dumps' text for it); FAIL on memory, DECLINE for NaN or infinities
+ * (which json.dumps would write as NaN/Infinity: the Python way). */
+static int put_repr(Out *out, double value) {
+    if (!isfinite(value)) return DECLINE;
     if (value == 0.0) {
         if (signbit(value)) PUT_TEXT(out, "-0.0");
         else PUT_TEXT(out, "0.0");
@@ -709,11 +709,16 @@ static int put_float(Out *out, double value) {
     }
     char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (text == NULL) return FAIL;
-    size_t n = strlen(text);
-    if (n > MAX_FLOAT_TEXT) n = MAX_FLOAT_TEXT; /* never: the bound above */
-    put(out, text, (Py_ssize_t)n);
+    put(out, text, (Py_ssize_t)strlen(text));
     PyMem_Free(text);
     return OK;
+}
+
+/* As wire.encode_actions writes a continuous action: NaN as 0, infinities as +-1, then float.__repr__. */
+static int put_float(Out *out, double value) {
+    if (isnan(value)) value = 0.0;
+    else if (isinf(value)) value = value > 0 ? 1.0 : -1.0;
+    return put_repr(out, value);
 }
 
 static const char ACTION_HEAD[] = "{\"type\": \"action\", \"action\": [";
@@ -843,28 +848,6 @@ end:
     PyBuffer_Release(&group_of);
     PyBuffer_Release(&row_of);
     return result;
-}
-
-/* float.__repr__ of a finite value (json.dumps' text for it); FAIL on memory, DECLINE for NaN or infinities
- * (which json.dumps would write as NaN/Infinity: the Python way). */
-static int put_repr(Out *out, double value) {
-    if (!isfinite(value)) return DECLINE;
-    if (value == 0.0) {
-        if (signbit(value)) PUT_TEXT(out, "-0.0");
-        else PUT_TEXT(out, "0.0");
-        return OK;
-    }
-    char quick[MAX_FLOAT_TEXT];
-    int length = repr_float32(value, quick);
-    if (length) {
-        put(out, quick, length);
-        return OK;
-    }
-    char *text = PyOS_double_to_string(value, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (text == NULL) return FAIL;
-    put(out, text, (Py_ssize_t)strlen(text));
-    PyMem_Free(text);
-    return OK;
 }
 
 static inline double float_at(PyArrayObject *array, Py_ssize_t i) {

@@ -72,6 +72,12 @@ def env_info(rng: random.Random) -> dict[str, Any]:
     }
 
 
+def plugin_env_info(observation: dict[str, Any], n: int = 1, move: int = 1) -> dict[str, Any]:
+    """A plugin game's env_info: ``n`` agents, each with these observation spaces and ``move`` continuous actions."""
+    action = {"move": {"size": move, "action_type": "continuous"}}
+    return {"type": "env_info", "n_agents": n, "observation_space": [observation] * n, "action_space": [action] * n}
+
+
 def number_text(rng: random.Random, value: float) -> str:
     """A number as one of the writers a game may have: Godot's JSON.stringify, repr, %g, an integer."""
     style = rng.randrange(8)
@@ -255,12 +261,7 @@ def test_damaged_replies_are_never_accepted_by_c_alone() -> None:
 
 
 def test_the_values_a_game_writes_become_the_same_float32_and_uint8() -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 2,
-        "observation_space": [{"obs": {"size": [6], "space": "box"}, "cam_2d": {"size": [2], "space": "box"}}] * 2,
-        "action_space": [{"move": {"size": 1, "action_type": "continuous"}}] * 2,
-    }
+    info = plugin_env_info({"obs": {"size": [6], "space": "box"}, "cam_2d": {"size": [2], "space": "box"}}, n=2)
     texts = ["-0", "-0.0", "0.1", "1e-05", "0.0000012345678901234567", "3.4028234663852886e+38"]
     row = '{"obs": [' + ", ".join(texts) + '], "cam_2d": "0aFf"}'
     rest = '"reward": [1, -2.5], "done": [false, true], "info": [{}, {}]'
@@ -288,12 +289,7 @@ def test_the_values_a_game_writes_become_the_same_float32_and_uint8() -> None:
     ],
 )
 def test_what_c_does_not_read_goes_the_python_way(change: Any, why: str) -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 1,
-        "observation_space": [{"obs": {"size": [2], "space": "box"}}],
-        "action_space": [{"move": {"size": 1, "action_type": "continuous"}}],
-    }
+    info = plugin_env_info({"obs": {"size": [2], "space": "box"}})
     body = b'{"type": "step", "obs": [{"obs": [0.5, 1]}], "reward": [0], "done": [false], "info": [{}]}'
     assert isinstance(agree(info, body, False), GameStep)
     changed = change(body)
@@ -302,12 +298,7 @@ def test_what_c_does_not_read_goes_the_python_way(change: Any, why: str) -> None
 
 
 def test_a_refusal_found_after_c_read_the_reply_is_worded_as_the_python_way_words_it() -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 1,
-        "observation_space": [{"obs": {"size": [2], "space": "box"}}],
-        "action_space": [{"move": {"size": 1, "action_type": "continuous"}}],
-    }
+    info = plugin_env_info({"obs": {"size": [2], "space": "box"}})
     bad_final = b'{"terminal_observation": {"obs": [1]}}'  # one number short: decode_rows refuses it
     body = b'{"type": "step", "obs": [{"obs": [0.5, 1]}], "reward": [0], "done": [true], "info": [' + bad_final + b"]}"
     outcome = agree(info, body, False)
@@ -315,12 +306,7 @@ def test_a_refusal_found_after_c_read_the_reply_is_worded_as_the_python_way_word
 
 
 def test_discrete_observations_leave_the_whole_game_to_the_python_way() -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 1,
-        "observation_space": [{"obs": {"size": [2], "space": "box"}, "cell": {"size": 4, "space": "discrete"}}],
-        "action_space": [{"move": {"size": 1, "action_type": "continuous"}}],
-    }
+    info = plugin_env_info({"obs": {"size": [2], "space": "box"}, "cell": {"size": 4, "space": "discrete"}})
     playing = game(info, True)
     assert playing._plan is not None and playing._plan.read is None
     body = b'{"type": "step", "obs": [{"obs": [0.5, 1], "cell": 3}], "reward": [0], "done": [false]}'
@@ -330,12 +316,7 @@ def test_discrete_observations_leave_the_whole_game_to_the_python_way() -> None:
 
 def test_the_frame_wide_value_bound_is_counted_as_json_body_counts_it() -> None:
     """More than MAX_FRAME_ELEMENTS marks (commas inside strings too) is refused by the Python way: C declines."""
-    info = {
-        "type": "env_info",
-        "n_agents": 1,
-        "observation_space": [{"obs": {"size": [1], "space": "box"}}],
-        "action_space": [{"move": {"size": 1, "action_type": "continuous"}}],
-    }
+    info = plugin_env_info({"obs": {"size": [1], "space": "box"}})
     commas = "," * (MAX_FRAME_ELEMENTS + 10)
     body = f'{{"type": "step", "obs": [{{"obs": [1]}}], "reward": [0], "done": [false], "note": "{commas}"}}'
     assert agree(info, body.encode(), False) is None
@@ -346,12 +327,7 @@ def test_the_frame_wide_value_bound_is_counted_as_json_body_counts_it() -> None:
 
 
 def test_a_plugin_connection_reads_its_steps_in_c() -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 2,
-        "observation_space": [{"obs": {"size": [2], "space": "box"}}] * 2,
-        "action_space": [{"move": {"size": 2, "action_type": "continuous"}}] * 2,
-    }
+    info = plugin_env_info({"obs": {"size": [2], "space": "box"}}, n=2, move=2)
     frames = BrokerConnection()
     frames.receive_data(encode_frame(json.dumps(info).encode()))
     first = frames.next_event()
@@ -408,12 +384,7 @@ def test_action_requests_are_byte_for_byte_the_python_ways() -> None:
 
 
 def test_actions_in_a_form_c_does_not_write_go_the_python_way() -> None:
-    info = {
-        "type": "env_info",
-        "n_agents": 2,
-        "observation_space": [{"obs": {"size": [1], "space": "box"}}] * 2,
-        "action_space": [{"move": {"size": 2, "action_type": "continuous"}}] * 2,
-    }
+    info = plugin_env_info({"obs": {"size": [1], "space": "box"}}, n=2, move=2)
     playing = game(info, True)
     playing.receive({"type": "reset", "obs": [{"obs": [0]}, {"obs": [0]}]})
     strided = np.zeros((2, 4), np.float32)[:, ::2]  # not contiguous

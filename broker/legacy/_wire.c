@@ -892,7 +892,7 @@ static PyObject *wire_write_reply(PyObject *self, PyObject *const *args, Py_ssiz
     }
     Column *columns = PyMem_Calloc((size_t)(n_columns ? n_columns : 1), sizeof(Column));
     if (columns == NULL) return PyErr_NoMemory();
-    PyObject *result = NULL, *frame = NULL;
+    PyObject *result = NULL, *frame = NULL, **texts = NULL;
     Py_ssize_t row_bound = 4;
     for (Py_ssize_t k = 0; k < n_columns; k++) {
         Column *c = &columns[k];
@@ -917,6 +917,11 @@ static PyObject *wire_write_reply(PyObject *self, PyObject *const *args, Py_ssiz
                      (c->kind == 'f' ? 2 + c->width * (MAX_FLOAT_TEXT + 2) : c->kind == 'x' ? 2 + 2 * c->width : MAX_INT_TEXT);
     }
     Py_ssize_t bound = 64 + n * (row_bound + 2 + 2 + MAX_FLOAT_TEXT + 2 + 7 + 4);
+    texts = PyMem_Calloc((size_t)(n > 0 ? n : 1), sizeof(PyObject *)); /* per row its info's text, or NULL: {} */
+    if (texts == NULL) {
+        PyErr_NoMemory();
+        goto end;
+    }
     PyObject *key, *value;
     Py_ssize_t position = 0;
     while (PyDict_Next(infos, &position, &key, &value)) {
@@ -926,6 +931,7 @@ static PyObject *wire_write_reply(PyObject *self, PyObject *const *args, Py_ssiz
             result = Py_NewRef(Py_None);
             goto end;
         }
+        texts[row] = value; /* borrowed: the dict holds it for the call */
         bound += PyBytes_GET_SIZE(value);
     }
     frame = PyBytes_FromStringAndSize(NULL, bound);
@@ -997,16 +1003,14 @@ static PyObject *wire_write_reply(PyObject *self, PyObject *const *args, Py_ssiz
     PUT_TEXT(&out, ", \"info\": [");
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i) PUT_TEXT(&out, ", ");
-        PyObject *row = PyLong_FromSsize_t(i), *text = row ? PyDict_GetItemWithError(infos, row) : NULL;
-        Py_XDECREF(row);
-        if (text != NULL) put(&out, PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text));
-        else if (PyErr_Occurred()) goto end;
+        if (texts[i] != NULL) put(&out, PyBytes_AS_STRING(texts[i]), PyBytes_GET_SIZE(texts[i]));
         else PUT_TEXT(&out, "{}");
     }
     PUT_TEXT(&out, "]}");
     result = finish_frame(&frame, &out);
 end:
     Py_XDECREF(frame);
+    PyMem_Free(texts);
     PyMem_Free(columns);
     return result;
 }

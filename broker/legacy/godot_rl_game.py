@@ -111,6 +111,7 @@ class GodotRlGame:
         self._plan: ReplyPlan | None = None  # for _wire.c, once the groups are known
         self._seats: dict[int, tuple[int, int]] = {}  # agent -> (group index, row in the group)
         self._rows_of: tuple[np.ndarray | None, ...] = ()  # per group its agents, None when all in order
+        self._obs_keys: tuple[tuple[str, ...], ...] = ()  # per group its observation keys, in order
 
     # --- from the game ----------------------------------------------------------------------------
 
@@ -135,10 +136,8 @@ class GodotRlGame:
         if reply is None:
             return None
         what = f"godot_rl '{'reset' if first else 'step'}' reply"
-        observations = [
-            dict(zip((key for key, _ in g.spec.spaces.observation), arrays, strict=True))
-            for g, arrays in zip(self.groups, reply.observations, strict=True)
-        ]
+        per_group = zip(self._obs_keys, reply.observations, strict=True)
+        observations = [dict(zip(keys, arrays, strict=True)) for keys, arrays in per_group]
         infos = {agent: unpack_json(body[start:end]) for agent, start, end in reply.info_spans}
         if reply.reward is None or reply.done is None:
             step = self._game_step(True, observations, np.zeros(self.n_agents), np.zeros(self.n_agents, bool), {}, what)
@@ -208,6 +207,7 @@ class GodotRlGame:
         self._rows_of = tuple(
             None if g.agents == tuple(range(n)) else np.asarray(g.agents, np.intp) for g in self.groups
         )
+        self._obs_keys = tuple(tuple(key for key, _ in g.spec.spaces.observation) for g in self.groups)
         # a held group executes zeros before its trainer ever answered, as RLlib's wrapper sends
         self._last_actions = {g.spec.policy: g.spec.zero_actions() for g in self.groups}
         self.phase = Phase.READY

@@ -17,6 +17,7 @@ godot_rl's conventions that matter here (``docs/migration.md`` and the protocol 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -352,6 +353,14 @@ def encode_actions(spaces: PolicySpaces, actions: dict[str, np.ndarray]) -> list
 
 
 _C: Final[Any] = load_c("broker.legacy._wire")  # _wire.c, or None (then the Python way above)
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_prefix(key: str) -> bytes:
+    """``"key": `` as json.dumps writes a map's key, for _wire.c to put before the key's value."""
+    return (json.dumps(key) + ": ").encode("ascii")
+
+
 _FLOATS: Final = 0  # _wire.c's kinds of observation key
 _HEX: Final = 1
 
@@ -396,7 +405,7 @@ def reply_plan(groups: Sequence[tuple[PolicySpaces, Sequence[int]]], n_agents: i
         if read is not None:
             read.append((len(agents), tuple(keys)))
         shapes.append(tuple(space.row_shape for _, space in spaces.observation))
-        prefixes = tuple((json.dumps(key) + ": ").encode("ascii") for key, _ in spaces.action)
+        prefixes = tuple(_key_prefix(key) for key, _ in spaces.action)
         kinds = b"".join(b"c" if isinstance(space, ContinuousAction) else b"d" for _, space in spaces.action)
         widths = tuple(space.size if isinstance(space, ContinuousAction) else 1 for _, space in spaces.action)
         if any(not isinstance(space, (ContinuousAction, DiscreteAction)) for _, space in spaces.action):
@@ -463,7 +472,7 @@ def write_reply(
     for key, space in spaces.observation:
         array = np.asarray(obs[key])
         rows = array.shape[0]
-        prefix = (json.dumps(key) + ": ").encode("ascii")
+        prefix = _key_prefix(key)
         if isinstance(space, BoxSpace) and is_image_key(key):
             columns.append((prefix, "x", math.prod(array.shape[1:]), array))
         elif array.dtype.kind == "f" and array.ndim == 2:

@@ -239,13 +239,14 @@ class BrokerConnection:
             raise
 
     def _next_event(self) -> Message | LegacyMessage | None:
+        if self.state is State.LEGACY:
+            legacy = self.next_legacy_body()
+            return None if legacy is None else LegacyMessage(self.legacy_json(legacy))
         body = self._decoder.next_frame_view()
         if body is None:
             return None
         kind = body_kind(body)
-        if self.state is State.LEGACY or (self.state is State.AWAIT_HELLO and kind is BodyKind.JSON):
-            if kind is not BodyKind.JSON:
-                raise RemoteProtocolError(ErrorCode.MALFORMED, "a godot_rl game sent a non-JSON frame")
+        if self.state is State.AWAIT_HELLO and kind is BodyKind.JSON:  # an unmodified godot_rl plugin game
             self.state = State.LEGACY
             self._decoder.max_frame_bytes = self.max_frame_bytes
             return LegacyMessage(unpack_json(body))

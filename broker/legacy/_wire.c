@@ -648,7 +648,7 @@ static int repr_float32(double value, char *text) {
     }
     if (k < -4) return 0; /* below 1e-4: repr writes an exponent */
     uint64_t q = (uint64_t)(x >> s), r = (uint64_t)(x & (((u128)1 << s) - 1));
-    u128 above = 2 * POW10_WIDE[16 - k], below = m == (1ULL << 23) ? above / 2 : above, d_low, d_high;
+    u128 above = 2 * POW10_WIDE[16 - k], below = m == (1ULL << 23) ? above / 2 : above, d_low = 0, d_high = 0;
     /* 17 digits: the nearest integer, always within reach (h > 1/2) */
     u128 half = (u128)1 << (s + 30), rest = (u128)r << 31;
     if (s > 0 && rest == half) return 0;

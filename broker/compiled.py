@@ -59,7 +59,9 @@ COMPILED_MODULES: Final = (
     "broker.protocol.framing",
     "broker.protocol.gather",
     "broker.protocol.hot",
+    "broker.protocol.kinds",
     "broker.protocol.spaces",
+    "broker.protocol.stepping",
     "broker.server.peer",
 )
 # Hand-written C beside them, each module with its source: the per-step messages' codec without a Python object

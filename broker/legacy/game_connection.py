@@ -32,7 +32,6 @@ import structlog
 
 from broker.legacy.godot_rl_game import CallResult, GodotRlGame, Phase
 from broker.legacy.wire import encode_message
-from broker.protocol.codec import BodyKind
 from broker.protocol.connection import (
     GREETING,
     BrokerConnection,
@@ -45,6 +44,7 @@ from broker.protocol.connection import (
 )
 from broker.protocol.errors import ProtocolError, RemoteProtocolError
 from broker.protocol.gather import Buffer
+from broker.protocol.kinds import BodyKind
 from broker.protocol.messages import Close, Error, GameActions, GameStep, Hello, Message, Welcome
 
 log = structlog.get_logger("gdrl.legacy")

@@ -26,10 +26,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from broker.protocol.codec import BodyKind, body_kind
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError, summarize
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.json_body import unpack_json
+from broker.protocol.kinds import BodyKind, body_kind
 from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_NESTING
 from broker.protocol.native import load_c
 from broker.protocol.spaces import (

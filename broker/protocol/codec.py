@@ -1,4 +1,4 @@
-"""Body codecs. One place for the msgpack settings and for telling body kinds apart.
+"""Body codecs. One place for the msgpack settings; body kinds are told apart in ``kinds.py``.
 
 A frame body is one of:
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import struct
 import threading
-from enum import Enum
 from typing import Annotated, Any, Final, Literal
 
 import msgpack
@@ -24,29 +23,9 @@ from broker.protocol.arrays import MAX_NDIM
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, HEADER, encode_frame
 from broker.protocol.json_body import pack_json, unpack_json
+from broker.protocol.kinds import BodyKind as BodyKind  # re-exported: a body kind names its codec
+from broker.protocol.kinds import body_kind as body_kind
 from broker.protocol.limits import MAX_FRAME_ELEMENTS, MAX_NESTING
-
-
-class BodyKind(Enum):
-    MSGPACK = "msgpack"
-    GODOT = "godot"
-    JSON = "json"
-
-
-def body_kind(body: bytes | memoryview) -> BodyKind:
-    if not body:
-        raise RemoteProtocolError(ErrorCode.MALFORMED, "empty frame body")
-    first = body[0]
-    if 0x80 <= first <= 0x8F or first in (0xDE, 0xDF):
-        return BodyKind.MSGPACK
-    if first == 0x7B:  # "{"
-        return BodyKind.JSON
-    if first == 0x1B and len(body) >= 2 and body[1] == 0x00:  # Variant type 27 = Dictionary
-        return BodyKind.GODOT
-    raise RemoteProtocolError(
-        ErrorCode.MALFORMED,
-        f"frame body starts with byte 0x{first:02x}: not a msgpack map, a Godot Dictionary or JSON",
-    )
 
 
 def encode_body(kind: BodyKind, obj: dict[str, Any]) -> bytes:

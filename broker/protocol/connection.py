@@ -26,12 +26,13 @@ from typing import Any, Final, Protocol
 from mypy_extensions import mypyc_attr
 
 from broker.protocol import PROTOCOL_VERSION
-from broker.protocol.codec import BodyKind, body_kind, decode_body
+from broker.protocol.codec import decode_body
 from broker.protocol.errors import ErrorCode, LocalProtocolError, RemoteProtocolError
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from broker.protocol.gather import GATHER_MIN_BYTES, Buffer, array_bytes, frame_buffers, whole_frame
 from broker.protocol.hot import decode_hot, decode_hot_godot, encode_hot_frame
 from broker.protocol.json_body import pack_json, unpack_json
+from broker.protocol.kinds import BodyKind, body_kind
 from broker.protocol.messages import (
     Batch,
     Close,

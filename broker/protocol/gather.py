@@ -13,9 +13,10 @@ from typing import Any, Final
 
 import msgpack
 
-from broker.protocol.codec import BodyKind, encode_message_frame
+from broker.protocol.codec import encode_message_frame
 from broker.protocol.framing import HEADER, Buffer, bin_header
 from broker.protocol.hot import encode_hot_godot_frame, hot_frame_buffers
+from broker.protocol.kinds import BodyKind
 from broker.protocol.messages import Batch, GameActions, GameStep, Message, TrainerAct
 
 # A bin value at least this large is sent from its own memory; below it copying is cheaper than a buffer

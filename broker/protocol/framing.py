@@ -10,6 +10,8 @@ import struct
 from collections import deque
 from typing import Final
 
+import numpy as np
+
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 
 HEADER: Final = struct.Struct("<I")
@@ -34,6 +36,13 @@ DEFAULT_READ_BYTES: Final = 8 * 1024
 EAGER_BODY_BYTES: Final = 1 << 20
 
 Body = bytes | memoryview  # a frame body: a view into received bytes or a frame's own buffer when no copy was needed
+
+
+def new_buffer(size: int) -> memoryview:
+    """``size`` writable bytes, not zeroed (``bytearray(size)`` would write them all once more before the
+    frame's bytes do), as a flat view that slice assignment fills with one copy: ``bytearray[a:b] = view``
+    first copies a non-bytearray ``view`` into a temporary bytearray (CPython's ``bytearray_ass_subscript``)."""
+    return np.empty(size, np.uint8).data
 
 
 def encode_frame(body: bytes | bytearray | memoryview) -> bytes:
@@ -72,12 +81,12 @@ class FrameDecoder:
         self._scratch: bytearray | None = None  # reused: nothing handed out points into it
         self._ready: deque[Body] = deque()  # complete bodies, oldest first
         self._head = bytearray()  # header bytes of the next frame, until there are 4
-        self._body: bytearray | None = None  # the open frame's own buffer
+        self._body: memoryview | None = None  # the open frame's own buffer (new_buffer)
         self._filled = 0  # bytes of _body received
         self._length = 0  # of a large frame whose buffer is not allocated yet (0: none)
         self._pieces: list[memoryview] = []  # its bytes so far, immutable
         self._collected = 0
-        self._staging: bytearray | None = None  # the last get_buffer() while collecting
+        self._staging: memoryview | None = None  # the last get_buffer() while collecting
         self._held: deque[memoryview] = deque()  # input waiting behind a header not yet accepted
         self._buffered = 0
 
@@ -97,11 +106,11 @@ class FrameDecoder:
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         """Where the next read should go: the open frame's remaining bytes, else a scratch area."""
         if self._body is not None and not self._held:
-            return memoryview(self._body)[self._filled :]
+            return self._body[self._filled :]
         if self._length and not self._held:  # reads grow with what has arrived (at most 2x of it)
             size = min(max(self._read_bytes, self._collected), self._length - self._collected)
-            self._staging = bytearray(size)
-            return memoryview(self._staging)
+            self._staging = new_buffer(size)
+            return self._staging
         if self._scratch is None:
             self._scratch = bytearray(self._read_bytes)
         return memoryview(self._scratch)
@@ -118,7 +127,7 @@ class FrameDecoder:
             return
         staging, self._staging = self._staging, None
         if staging is not None and self._length and not self._held:
-            self._collect(memoryview(staging)[:nbytes])
+            self._collect(staging[:nbytes])
             return
         assert self._scratch is not None  # get_buffer() came first
         self._consume(memoryview(self._scratch)[:nbytes], owned=False)
@@ -180,7 +189,7 @@ class FrameDecoder:
 
     def _open_body(self, length: int) -> None:
         if length <= EAGER_BODY_BYTES:
-            self._body = bytearray(length)
+            self._body = new_buffer(length)
             self._filled = 0
         else:
             self._length = length
@@ -191,7 +200,7 @@ class FrameDecoder:
         self._collected += len(piece)
         if self._collected * 8 < self._length and self._collected < self._length:
             return
-        body = self._body = bytearray(self._length)
+        body = self._body = new_buffer(self._length)
         filled = 0
         for piece in self._pieces:
             body[filled : filled + len(piece)] = piece
@@ -204,7 +213,7 @@ class FrameDecoder:
 
     def _finish_body(self) -> None:
         assert self._body is not None
-        body = memoryview(self._body)
+        body = self._body
         self._ready.append(body if self.writable_bodies else body.toreadonly())
         self._body = None
         self._filled = 0

@@ -34,8 +34,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-# What every step runs through: the hub and its parts, the fast decode and encode, framing, the checks, the
-# connections, and a peer's receive loop and writes (the server, which tests instrument, stays interpreted).
+# What every step runs through: the hub and its parts, the fast decode and encode, framing, body kinds, the
+# stepping options, the checks, the connections, a peer's receive loop and writes, and a godot_rl game's or
+# script's per-step glue around legacy/_wire.c (the server, which tests instrument, stays interpreted; so do
+# codec.py's msgspec structs and calls.py's generic records, which mypyc does not take).
 COMPILED_MODULES: Final = (
     "broker.core.accumulate",
     "broker.core.batching",

@@ -1,11 +1,4 @@
-"""Body codecs. One place for the msgpack settings; body kinds are told apart in ``kinds.py``.
-
-A frame body is one of:
-
-* a msgpack map (first byte 0x80-0x8f, 0xde or 0xdf): this protocol, from Python peers;
-* a Godot Variant Dictionary as ``var_to_bytes`` writes it (first bytes ``1b 00``): this protocol,
-  from the Godot addon, with the same message maps;
-* a JSON object (first byte ``{``): the godot_rl plugin protocol, ASCII only.
+"""Body codecs: msgpack (one place for its settings), Godot Variant and JSON, one per ``kinds.BodyKind``.
 
 A native peer's hello fixes its codec; the broker answers it in the same codec.
 """

@@ -1,5 +1,13 @@
-"""Telling a frame body's kind from its first bytes (docs/protocol.md, "Frames"): asked of every frame, so
-compiled with the per-step modules (``codec.py``, which holds the codecs themselves, is not)."""
+"""Telling a frame body's kind from its first bytes (docs/protocol.md, "Body kinds"). A body is one of:
+
+* a msgpack map (first byte 0x80-0x8f, 0xde or 0xdf): this protocol, from Python peers;
+* a Godot Variant Dictionary as ``var_to_bytes`` writes it (first bytes ``1b 00``): this protocol,
+  from the Godot addon, with the same message maps;
+* a JSON object (first byte ``{``): the godot_rl plugin protocol, ASCII only.
+
+Asked of every frame, so compiled with the per-step modules (``codec.py``, which holds the codecs and their
+msgspec structs, is not).
+"""
 
 from __future__ import annotations
 

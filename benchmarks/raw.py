@@ -28,6 +28,11 @@ from broker.protocol.codec import pack
 from broker.protocol.framing import encode_frame
 from broker.protocol.messages import GameStep
 
+try:
+    from clients.transport import SPIN_WAIT_S, SpinWait
+except ImportError:  # an older tree under benchmarks/ab_core.py: its trainers wait blocking, and so does this one
+    SPIN_WAIT_S = 0.0  # type: ignore[misc]
+
 HEADER: Final = struct.Struct("<I")
 
 
@@ -97,24 +102,30 @@ def check_same_bytes(world: BenchWorld) -> None:
 
 
 class FrameReader:
-    """Blocking reads of whole frames into one preallocated, growing buffer."""
+    """Blocking reads of whole frames into one preallocated, growing buffer. With ``spin_wait_s``, the wait
+    for a frame's first bytes first asks without sleeping, as the broker's clients do
+    (``clients.transport.SpinWait``)."""
 
-    def __init__(self, sock: socket.socket, capacity: int = 1 << 16) -> None:
+    def __init__(self, sock: socket.socket, capacity: int = 1 << 16, spin_wait_s: float = 0.0) -> None:
         self.sock = sock
         self.buffer = bytearray(capacity)
         self.header = bytearray(HEADER.size)
+        self.spin_wait = SpinWait(spin_wait_s) if spin_wait_s > 0 else None
 
-    def _fill(self, view: memoryview) -> None:
+    def _fill(self, view: memoryview, first_waits: bool = False) -> None:
         got = 0
         while got < len(view):
-            n = self.sock.recv_into(view[got:])
+            if first_waits and not got and self.spin_wait is not None:
+                n = self.spin_wait.recv_into(self.sock, view[got:])
+            else:
+                n = self.sock.recv_into(view[got:])
             if n == 0:
                 raise ConnectionError("peer closed the connection")
             got += n
 
     def read_frame(self) -> memoryview:
         """The next frame's body, a view of the buffer (valid until the next read)."""
-        self._fill(memoryview(self.header))
+        self._fill(memoryview(self.header), first_waits=True)
         (length,) = HEADER.unpack(self.header)
         if length > len(self.buffer):
             self.buffer = bytearray(max(length, 2 * len(self.buffer)))
@@ -177,7 +188,9 @@ def run_trainer(port: int, config: BenchConfig, warmup_s: float, measure_s: floa
         sock, _ = listener.accept()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)
-        games.append((sock, FrameReader(sock)))
+        # The trainer waits as the broker's trainers do (BrokerVecEnv's PeerSocket), so that a ratio against
+        # the ceilings is the broker's cost alone.
+        games.append((sock, FrameReader(sock, spin_wait_s=SPIN_WAIT_S)))
     listener.close()
     rng = np.random.default_rng(0)
     actions = {

@@ -30,6 +30,11 @@ RETRY_NOTICE_EVERY: Final = 10.0  # and again this often, so a long wait is neve
 # A blocking socket with the kernel's receive timeout waits for a message with one system call; Python's own
 # timeout puts a poll before every send and receive (two more a step). Where the option is missing: Python's.
 KERNEL_RECV_TIMEOUT: Final = hasattr(socket, "SO_RCVTIMEO") and os.name == "posix"
+# How long a receive first asks for data without sleeping, giving the core away between asks. A peer woken
+# from sleep costs its sender a wake-up (20-35 us of CPU and latency on a 2-core VM, docs/performance.md,
+# "Waiting without sleeping"), paid four times a lock-step; an answer that comes within this saves it. 0: off.
+SPIN_WAIT_S: Final = 200e-6
+_DONTWAIT: Final = getattr(socket, "MSG_DONTWAIT", 0)  # Linux and the BSDs; elsewhere receives just block
 NOT_A_BROKER: Final = "not_a_broker"  # something answered at the address, but not with the broker's greeting
 START_BROKER_HINT: Final = "start it with `gdrl-broker serve`, or check the address"
 WRONG_PORT_HINT: Final = (
@@ -102,11 +107,13 @@ class PeerSocket:
         timeout_connect: float = 60.0,
         timeout_recv: float | None = None,
         codec: BodyKind = BodyKind.MSGPACK,
+        spin_wait_s: float = SPIN_WAIT_S,
     ) -> None:
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.hello = hello
         self.codec = codec
         self.timeout_recv = timeout_recv
+        self.spin_wait = SpinWait(spin_wait_s)
         self.closed_by_broker = False  # the broker said goodbye (close or error frame), as on its shutdown
         tune_allocator()
         try:
@@ -265,6 +272,7 @@ class PeerSocket:
             self.sock.settimeout(seconds)
 
     def recv(self) -> Message:
+        first_read = True  # later reads continue a frame that has begun: they just block
         while True:
             try:
                 message = self.connection.next_event()
@@ -285,7 +293,12 @@ class PeerSocket:
             # decoded arrays then view (no joins of chunks, no copy of array bytes).
             buffer = self.connection.get_buffer()
             try:
-                received = self.sock.recv_into(buffer)
+                # A socket with Python's timeout polls before each receive: it never spins.
+                if first_read and self.sock.gettimeout() is None:
+                    received = self.spin_wait.recv_into(self.sock, buffer)
+                else:
+                    received = self.sock.recv_into(buffer)
+                first_read = False
             except (TimeoutError, BlockingIOError) as exc:  # Python's timeout, or the kernel's (SO_RCVTIMEO)
                 raise BrokerError("timeout", f"no message from the broker at {self.address}") from exc
             except OSError as exc:
@@ -308,6 +321,43 @@ class PeerSocket:
         except OSError:
             pass
         self.sock.close()
+
+
+class SpinWait:
+    """How a peer waits for the next message: first asking for it without sleeping, for up to ``spin_s``
+    (yielding the core between asks, so a peer with work to do gets it), then blocking as usual, with the
+    socket's timeout. An answer that comes within the spin costs no wake-up, neither here nor to its sender.
+
+    Adaptive, so that it costs little where answers take longer (a busy broker, several trainers sharing the
+    cores): after a spin that found nothing the next 1, 3, 7, ... up to MAX_SKIPS receives just block; a spin
+    that finds its answer spins again next time."""
+
+    MAX_SKIPS: Final = 31
+
+    def __init__(self, spin_s: float = SPIN_WAIT_S) -> None:
+        self.spin_s = spin_s if _DONTWAIT else 0.0
+        self._skip = 0  # receives left that block without spinning
+        self._skips_after_miss = 0
+
+    def recv_into(self, sock: socket.socket, buffer: memoryview | bytearray) -> int:
+        """``sock.recv_into(buffer)``, waiting as above."""
+        if self.spin_s <= 0:
+            return sock.recv_into(buffer)
+        if self._skip:
+            self._skip -= 1
+            return sock.recv_into(buffer)
+        until = time.perf_counter() + self.spin_s
+        while True:
+            try:
+                received = sock.recv_into(buffer, 0, _DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() < until:
+                    os.sched_yield()
+                    continue
+                self._skip = self._skips_after_miss = min(2 * self._skips_after_miss + 1, self.MAX_SKIPS)
+                return sock.recv_into(buffer)
+            self._skips_after_miss = 0
+            return received
 
 
 def _send_buffers(sock: socket.socket, buffers: list[bytes | bytearray | memoryview]) -> None:

@@ -23,7 +23,14 @@ from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOpti
 from broker.protocol.native import NATIVE
 from clients.errors import BrokerError
 from clients.spaces import ActionCodec, convert_obs, observation_dict
-from clients.transport import DEFAULT_TIMEOUT_RECONNECT, Address, PeerSocket, default_name, default_token
+from clients.transport import (
+    DEFAULT_TIMEOUT_RECONNECT,
+    SPIN_WAIT_S,
+    Address,
+    PeerSocket,
+    default_name,
+    default_token,
+)
 
 log = structlog.get_logger("gdrl.trainer")
 WAITING_NOTICE_EVERY = 10.0  # seconds between repeats of what a waiting trainer waits for
@@ -52,6 +59,10 @@ class BrokerVecEnv(VecEnv):
     interrupted ``step_wait`` then returns the new session's first observations with every env done and
     truncated (``terminal_observation`` = the last observation returned, reward 0, ``broker_reconnected``
     in the info). After the timeout it raises BrokerGoneError.
+
+    ``spin_wait_s``: how long ``step_wait`` asks for the next batch without sleeping before it blocks
+    (clients/transport.py, ``SPIN_WAIT_S``; 0 turns it off, e.g. on a machine with fewer cores than busy
+    processes).
     """
 
     def __init__(
@@ -66,6 +77,7 @@ class BrokerVecEnv(VecEnv):
         link: TrainerLink | None = None,
         timeout_reconnect: float = DEFAULT_TIMEOUT_RECONNECT,
         reconnect_on_shutdown: bool = False,
+        spin_wait_s: float = SPIN_WAIT_S,
     ) -> None:
         self.policy = policy
         self.closed = False
@@ -91,7 +103,7 @@ class BrokerVecEnv(VecEnv):
             hello = Hello(
                 "trainer", PROTOCOL_VERSION, trainer_name, default_token(token), policy=policy, stepping=stepping
             )
-            link = self._socket = PeerSocket(address, hello, timeout_connect=timeout_connect)
+            link = self._socket = PeerSocket(address, hello, timeout_connect=timeout_connect, spin_wait_s=spin_wait_s)
         self._link = link
         try:
             info = self._await(PolicyInfo)

@@ -30,7 +30,7 @@ from broker.protocol.messages import GameStep
 
 try:
     from clients.transport import SPIN_WAIT_S, SpinWait
-except ImportError:  # an older tree under benchmarks/ab_core.py: its trainers wait blocking, and so does this one
+except ImportError:  # an older tree under benchmarks/ab_core.py: its peers wait blocking, and so do these
     SPIN_WAIT_S = 0.0  # type: ignore[misc]
 
 HEADER: Final = struct.Struct("<I")
@@ -101,6 +101,11 @@ def check_same_bytes(world: BenchWorld) -> None:
         raise AssertionError("raw step frame differs from the protocol's GameStep encoding")
 
 
+def new_spin_wait(spin_s: float = SPIN_WAIT_S) -> SpinWait | None:
+    """A wait that polls first, as the broker's clients and the broker wait; None: plain blocking reads."""
+    return SpinWait(spin_s) if spin_s > 0 else None
+
+
 class FrameReader:
     """Blocking reads of whole frames into one preallocated, growing buffer. With ``spin_wait_s``, the wait
     for a frame's first bytes first asks without sleeping, as the broker's clients do
@@ -110,7 +115,7 @@ class FrameReader:
         self.sock = sock
         self.buffer = bytearray(capacity)
         self.header = bytearray(HEADER.size)
-        self.spin_wait = SpinWait(spin_wait_s) if spin_wait_s > 0 else None
+        self.spin_wait = new_spin_wait(spin_wait_s)
 
     def _fill(self, view: memoryview, first_waits: bool = False) -> None:
         got = 0

@@ -7,7 +7,9 @@ raw trainer (``benchmarks.raw trainer`` on B). Then, lock-step as the raw ceilin
 step frame and write it on to the trainer, read every actions frame and write it back. Each frame is read
 whole (header, then body) into one preallocated buffer and written with one ``sendall``; nothing is decoded.
 Any broker must do at least this per step, so raw (one hop) and relay (two hops) bracket what a broker can
-reach.
+reach. The relay waits for each frame as the broker does, polling for a while before it sleeps (``SpinWait``
+here, ``LoopSpinner`` with ``--asyncio``; the raw trainer waits as the broker's trainers do): the ceilings
+then differ from the broker by its work alone, not by how it waits.
 
     python -m benchmarks.relay --port A --trainer-port B --games G --asyncio     (mode relay_asyncio)
 
@@ -28,7 +30,12 @@ from typing import Final, cast
 import uvloop
 
 from benchmarks.measure import emit
-from benchmarks.raw import connect_retry
+from benchmarks.raw import connect_retry, new_spin_wait
+
+try:
+    from broker.server.spinning import LoopSpinner
+except ImportError:  # an older tree under benchmarks/ab_core.py, whose broker's loop sleeps at once
+    LoopSpinner = None  # type: ignore[assignment,misc]
 
 HEADER: Final = struct.Struct("<I")
 
@@ -38,18 +45,21 @@ class Forwarder:
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.buffer = bytearray(capacity)
+        self.spin_wait = new_spin_wait()  # a frame's first bytes are waited for as the broker waits
 
-    @staticmethod
-    def _fill(sock: socket.socket, view: memoryview) -> None:
+    def _fill(self, sock: socket.socket, view: memoryview, first_waits: bool = False) -> None:
         got = 0
         while got < len(view):
-            n = sock.recv_into(view[got:])
+            if first_waits and not got and self.spin_wait is not None:
+                n = self.spin_wait.recv_into(sock, view[got:])
+            else:
+                n = sock.recv_into(view[got:])
             if n == 0:
                 raise ConnectionError("peer closed the connection")
             got += n
 
     def forward(self, source: socket.socket, sink: socket.socket) -> None:
-        self._fill(source, memoryview(self.buffer)[: HEADER.size])
+        self._fill(source, memoryview(self.buffer)[: HEADER.size], first_waits=True)
         (length,) = HEADER.unpack_from(self.buffer)
         total = HEADER.size + length
         if total > len(self.buffer):
@@ -86,8 +96,9 @@ def connect_pairs(port: int, trainer_port: int, games: int) -> list[tuple[socket
 class FrameRelay(asyncio.Protocol):
     """One side of a pair: whole frames from this socket are written to the other side's transport."""
 
-    def __init__(self, lost: asyncio.Future[None]) -> None:
+    def __init__(self, lost: asyncio.Future[None], spinner: LoopSpinner | None) -> None:
         self.lost = lost
+        self.spinner = spinner
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.other: FrameRelay | None = None
         self.transport: asyncio.Transport | None = None
@@ -97,6 +108,8 @@ class FrameRelay(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is one, without subclassing it
 
     def data_received(self, data: bytes) -> None:
+        if self.spinner is not None:  # the loop polls for a while for the next message, as the broker's does
+            self.spinner.message_came()
         if self.other is None or self.other.transport is None:  # before the pair is joined: kept until then
             self.pending += data
             return
@@ -122,12 +135,13 @@ class FrameRelay(asyncio.Protocol):
 async def _relay_asyncio(pairs: list[tuple[socket.socket, socket.socket]]) -> None:
     loop = asyncio.get_running_loop()
     lost: asyncio.Future[None] = loop.create_future()
+    spinner = LoopSpinner(loop) if LoopSpinner is not None else None
     sides: list[FrameRelay] = []
     for game, trainer in pairs:
         game.setblocking(False)
         trainer.setblocking(False)
-        _, game_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), game)
-        _, trainer_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost), trainer)
+        _, game_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost, spinner), game)
+        _, trainer_side = await loop.connect_accepted_socket(lambda: FrameRelay(lost, spinner), trainer)
         game_side.other, trainer_side.other = trainer_side, game_side
         sides += (game_side, trainer_side)
         game_side.data_received(b"")  # anything the game sent meanwhile

@@ -134,6 +134,13 @@ def _add_stepping_arguments(parser: argparse.ArgumentParser, defaults: ServerCon
         default=defaults.hold_action,
         help="what held agents do: repeat their last action, or all-zero actions",
     )
+    group.add_argument(
+        "--spin-wait-us",
+        type=float,
+        default=defaults.spin_wait_s * 1e6,
+        help="microseconds the broker polls for the next message before it sleeps, less after polls that found"
+        " nothing; 0: never (docs/performance.md, 'Waiting without sleeping')",
+    )
 
 
 def _add_frozen_arguments(parser: argparse.ArgumentParser, defaults: ServerConfig) -> None:
@@ -201,6 +208,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limit_before_hello=args.limit_before_hello,
         timeout_hello=args.timeout_hello,
         timeout_frame=args.timeout_frame,
+        spin_wait_s=args.spin_wait_us * 1e-6,
         status_interval=args.status_interval,
         metrics_port=args.metrics_port,
         stepping=args.stepping,

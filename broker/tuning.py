@@ -8,6 +8,9 @@ with the process. ``GDRL_BROKER_MALLOC_TUNING=0`` in the environment leaves the 
 
 ``trim_heap`` gives that kept memory back (glibc's ``malloc_trim``): the broker calls it when a peer that
 sent large frames, or any game, has left, so RSS returns near where it was (issue #14).
+
+``SpinBudget``: how long a process waiting for a message first asks for it without sleeping (the clients'
+sockets, clients/transport.py; the in-process broker's loop, broker/server/spinning.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import sys
+from typing import Final
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -26,6 +30,40 @@ DEFAULT_MMAP_THRESHOLD = 32 << 20
 DEFAULT_TRIM_THRESHOLD = 256 << 20
 
 _tuned = False
+
+# How long a wait for a message first asks for it without sleeping, yielding the core between asks. A peer
+# asleep costs its sender a wake-up (20-35 us of CPU and latency each on a 2-core VM, four a lock-step through
+# the broker), which an answer that comes within the spin does not (docs/performance.md, "Waiting without
+# sleeping"). 0: never.
+SPIN_WAIT_S: Final = 200e-6
+
+
+class SpinBudget:
+    """How long the next wait may spin. Adaptive, so that spinning costs little where answers take longer (a
+    busy broker, more busy processes than cores): after a spin that found nothing the next 1, 3, 7, ... up to
+    ``MAX_SKIPS`` waits block at once; a spin that found its answer lets the next one spin too."""
+
+    MAX_SKIPS: Final = 31
+
+    def __init__(self, spin_s: float = SPIN_WAIT_S) -> None:
+        self.spin_s = spin_s
+        self._skip = 0  # waits left that block at once
+        self._skips_after_miss = 0
+
+    def next_spin(self) -> float:
+        """Seconds the next wait may spin; 0: block at once."""
+        if self.spin_s <= 0:
+            return 0.0
+        if self._skip:
+            self._skip -= 1
+            return 0.0
+        return self.spin_s
+
+    def found(self) -> None:
+        self._skips_after_miss = 0
+
+    def missed(self) -> None:
+        self._skip = self._skips_after_miss = min(2 * self._skips_after_miss + 1, self.MAX_SKIPS)
 
 
 def tune_allocator(mmap_threshold: int = DEFAULT_MMAP_THRESHOLD, trim_threshold: int = DEFAULT_TRIM_THRESHOLD) -> bool:

@@ -18,7 +18,7 @@ from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.gather import frame_buffers
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
-from broker.tuning import tune_allocator
+from broker.tuning import SPIN_WAIT_S, SpinBudget, tune_allocator
 from clients.errors import BrokerError
 
 DEFAULT_TIMEOUT_RECONNECT: Final = 60.0  # seconds a client waits for a lost broker to come back
@@ -30,10 +30,6 @@ RETRY_NOTICE_EVERY: Final = 10.0  # and again this often, so a long wait is neve
 # A blocking socket with the kernel's receive timeout waits for a message with one system call; Python's own
 # timeout puts a poll before every send and receive (two more a step). Where the option is missing: Python's.
 KERNEL_RECV_TIMEOUT: Final = hasattr(socket, "SO_RCVTIMEO") and os.name == "posix"
-# How long a receive first asks for data without sleeping, giving the core away between asks. A peer woken
-# from sleep costs its sender a wake-up (20-35 us of CPU and latency on a 2-core VM, docs/performance.md,
-# "Waiting without sleeping"), paid four times a lock-step; an answer that comes within this saves it. 0: off.
-SPIN_WAIT_S: Final = 200e-6
 _DONTWAIT: Final = getattr(socket, "MSG_DONTWAIT", 0)  # Linux and the BSDs; elsewhere receives just block
 NOT_A_BROKER: Final = "not_a_broker"  # something answered at the address, but not with the broker's greeting
 START_BROKER_HINT: Final = "start it with `gdrl-broker serve`, or check the address"
@@ -324,40 +320,31 @@ class PeerSocket:
 
 
 class SpinWait:
-    """How a peer waits for the next message: first asking for it without sleeping, for up to ``spin_s``
-    (yielding the core between asks, so a peer with work to do gets it), then blocking as usual, with the
-    socket's timeout. An answer that comes within the spin costs no wake-up, neither here nor to its sender.
-
-    Adaptive, so that it costs little where answers take longer (a busy broker, several trainers sharing the
-    cores): after a spin that found nothing the next 1, 3, 7, ... up to MAX_SKIPS receives just block; a spin
-    that finds its answer spins again next time."""
-
-    MAX_SKIPS: Final = 31
+    """How a peer waits for the next message: first asking for it without sleeping, for as long as its
+    ``SpinBudget`` allows (broker/tuning.py: SPIN_WAIT_S, less after spins that found nothing), yielding the
+    core between asks so that a peer with work to do gets it; then blocking as usual, with the socket's
+    timeout. An answer that comes within the spin costs no wake-up, neither here nor to its sender."""
 
     def __init__(self, spin_s: float = SPIN_WAIT_S) -> None:
-        self.spin_s = spin_s if _DONTWAIT else 0.0
-        self._skip = 0  # receives left that block without spinning
-        self._skips_after_miss = 0
+        self.budget = SpinBudget(spin_s if _DONTWAIT else 0.0)
 
     def recv_into(self, sock: socket.socket, buffer: memoryview | bytearray) -> int:
         """``sock.recv_into(buffer)``, waiting as above."""
-        if self.spin_s <= 0:
-            return sock.recv_into(buffer)
-        if self._skip:
-            self._skip -= 1
-            return sock.recv_into(buffer)
-        until = time.perf_counter() + self.spin_s
-        while True:
-            try:
-                received = sock.recv_into(buffer, 0, _DONTWAIT)
-            except BlockingIOError:
-                if time.perf_counter() < until:
-                    os.sched_yield()
-                    continue
-                self._skip = self._skips_after_miss = min(2 * self._skips_after_miss + 1, self.MAX_SKIPS)
-                return sock.recv_into(buffer)
-            self._skips_after_miss = 0
-            return received
+        spin_s = self.budget.next_spin()
+        if spin_s:
+            until = time.perf_counter() + spin_s
+            while True:
+                try:
+                    received = sock.recv_into(buffer, 0, _DONTWAIT)
+                except BlockingIOError:
+                    if time.perf_counter() < until:
+                        os.sched_yield()
+                        continue
+                    self.budget.missed()
+                    break
+                self.budget.found()
+                return received
+        return sock.recv_into(buffer)
 
 
 def _send_buffers(sock: socket.socket, buffers: list[bytes | bytearray | memoryview]) -> None:

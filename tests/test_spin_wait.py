@@ -5,6 +5,8 @@ are recorded by a thin wrapper around them, never timed."""
 
 from __future__ import annotations
 
+import asyncio
+import selectors
 import socket
 import threading
 import time
@@ -141,3 +143,91 @@ def test_a_trainer_socket_spins_by_default_and_not_with_pythons_timeout_or_when_
                 assert recording.flags[-1] == 0  # the wait that timed out was a blocking one
             finally:
                 peer.close()
+
+
+# --- the budget, and the broker's loops ------------------------------------------------------------------
+
+
+def test_the_budget_skips_1_3_7_waits_after_misses_up_to_31_and_spins_again_after_a_find() -> None:
+    from broker.tuning import SpinBudget
+
+    budget = SpinBudget(0.001)
+    assert budget.next_spin() == 0.001
+    pattern = []
+    for _ in range(6):
+        budget.missed()  # the spin last allowed found nothing
+        skipped = 0
+        while budget.next_spin() == 0.0:
+            skipped += 1
+        pattern.append(skipped)
+    assert pattern == [1, 3, 7, 15, 31, 31]  # each miss doubles the skips, and one more, up to MAX_SKIPS
+    budget.found()
+    assert budget.next_spin() == 0.001 and budget.next_spin() == 0.001  # found: spins again, and again
+    assert SpinBudget(0.0).next_spin() == 0.0
+
+
+class RecordingSelector(selectors.DefaultSelector):
+    """The platform's selector, with the timeout of every select recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        self.timeouts.append(timeout)
+        return super().select(timeout)
+
+
+def test_the_in_process_loops_selector_polls_before_it_sleeps(pair: tuple[socket.socket, socket.socket]) -> None:
+    from broker.server.spinning import SpinningSelector
+
+    class Spinning(SpinningSelector, RecordingSelector):
+        pass
+
+    sender, receiver = pair
+    selector = Spinning(0.001)
+    selector.register(receiver, selectors.EVENT_READ)
+    later = threading.Timer(0.2, sender.sendall, args=(b"step",))
+    later.start()
+    try:
+        ready = selector.select(None)  # the loop's wait with nothing scheduled
+    finally:
+        later.join()
+    assert [key.fileobj for key, _ in ready] == [receiver]
+    assert len(selector.timeouts) >= 2 and set(selector.timeouts[:-1]) == {0}  # polled first...
+    assert selector.timeouts[-1] is None  # ...then slept until the step came
+    receiver.recv(16)
+    selector.timeouts = []
+    sender.sendall(b"next")
+    assert selector.select(5.0) and selector.timeouts[0] == 5.0  # after the miss: sleeps at once
+    receiver.recv(16)
+    selector.timeouts = []
+    sender.sendall(b"soon")
+    assert selector.select(5.0) and selector.timeouts == [0]  # then polls again, and finds it at once
+    selector.close()
+
+
+def test_the_daemons_loop_keeps_polling_for_a_while_after_a_message_then_sleeps() -> None:
+    import uvloop
+
+    from broker.server.spinning import LoopSpinner
+
+    loop = uvloop.new_event_loop()
+    try:
+        spinner = LoopSpinner(loop, 0.01)
+        loop.call_soon(spinner.message_came)
+        loop.run_until_complete(asyncio.sleep(0.001))
+        assert spinner.spinning  # the loop polls: a spin callback is always ready
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert not spinner.spinning  # nothing came within its time: it stopped, counted as a miss
+        spinner.message_came()
+        assert not spinner.spinning  # so the next wait sleeps at once
+        spinner.message_came()
+        assert spinner.spinning  # and the one after spins again
+        loop.run_until_complete(asyncio.sleep(0.001))
+        spinner.message_came()  # a message during the spin: found, and the spin goes on for the next one
+        assert spinner.spinning
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert not spinner.spinning
+    finally:
+        loop.close()

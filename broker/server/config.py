@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from broker.protocol import DEFAULT_HOST, DEFAULT_PORT
 from broker.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from broker.protocol.messages import HOLD_ACTIONS, STEPPING_MODES, StepOptions
+from broker.tuning import SPIN_WAIT_S
 
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -28,6 +29,8 @@ class ServerConfig:
     timeout_shutdown: float = 5.0
     status_interval: float = 10.0
     metrics_port: int | None = None  # Prometheus text endpoint, always on loopback (127.0.0.1); off by default
+    # How long the loop polls for the next message before it sleeps (broker/server/spinning.py); 0: never
+    spin_wait_s: float = SPIN_WAIT_S
     # stepping defaults for policies whose trainer does not choose (docs/protocol.md, hold-and-accumulate)
     stepping: str = "hold"
     # None: no deadline in barrier mode; in hold mode one that adapts between 20 and 100 ms to each trainer
@@ -61,6 +64,8 @@ class ServerConfig:
             raise ValueError("--deadline-ms must be >= 0")
         if self.limit_connections < 1 or self.limit_before_hello < 1:
             raise ValueError("--limit-connections and --limit-before-hello must be at least 1")
+        if self.spin_wait_s < 0:
+            raise ValueError("--spin-wait-us must be >= 0")
         if self.timeout_frame <= 0:
             raise ValueError("--timeout-frame must be > 0")
         if self.n_parallel < 1:

@@ -32,12 +32,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
+from broker.server.spinning import SpinningSelector
 
 INBOX_LIMIT = 64  # messages queued for one in-process trainer; lock-step needs a handful
 CALL_TIMEOUT_S = 30.0  # a call onto the loop that takes longer means the loop is stuck
@@ -60,13 +62,18 @@ class ServerThread:
     thread; ``close()`` shuts it down."""
 
     def __init__(self, config: ServerConfig, local_trainers: int = 1) -> None:
+        self.trainers_drive = local_trainers == 1
+        if not self.trainers_drive:  # the daemon thread's loop serves trainer threads: polling would take their GIL
+            config = replace(config, spin_wait_s=0.0)
         self.config = config
         self.server = BrokerServer(config)
         # A trainer here may run the loop only when one is expected (the module's docstring says why): then the
         # standard loop, which starts and stops cheaply every step (a uvloop run also sets up signal handling
         # on the main thread each time); else uvloop, run by the daemon thread alone.
-        self.trainers_drive = local_trainers == 1
-        self.loop = asyncio.new_event_loop() if self.trainers_drive else new_event_loop()
+        # The trainers' loop polls for a while before it sleeps (spinning.py), as the clients' sockets wait.
+        self.loop = (
+            asyncio.SelectorEventLoop(SpinningSelector(config.spin_wait_s)) if self.trainers_drive else new_event_loop()
+        )
         self.closed = False
         self._state = threading.Condition(threading.Lock())  # guards the fields below
         self._driver: object | None = self  # who runs the loop: a trainer's _HubSide, self (daemon), None

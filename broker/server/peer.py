@@ -115,6 +115,9 @@ class PeerProtocol(asyncio.Protocol):
     # buffer_updated) saves the join of a large frame's chunks but costs more Python per read; measured
     # slower at every size (docs/performance.md, "Copies per observation byte").
     def data_received(self, data: bytes) -> None:
+        spinner = self.server.spinner
+        if spinner is not None:
+            spinner.message_came()
         self.connection.receive_data(data)
         if self.connection.buffered_bytes >= LARGE_FRAME_BYTES:
             self.large_frames = True

@@ -34,6 +34,7 @@ from broker.server.config import ServerConfig
 from broker.server.frozen import FrozenGroups
 from broker.server.legacy_games import GodotRlCalls
 from broker.server.peer import Link, PeerProtocol
+from broker.server.spinning import LoopSpinner
 from broker.status import wire_safe
 from broker.tuning import trim_heap, tune_allocator
 
@@ -56,6 +57,7 @@ class BrokerServer:
         self.started = time.monotonic()
         self.godot_rl_calls = GodotRlCalls(self)  # a dialed godot_rl trainer's call, relayed to plugin games
         self.frozen = FrozenGroups(self)  # groups the broker answers itself with ONNX models
+        self.spinner: LoopSpinner | None = None  # keeps the loop polling for a while after each message
 
     # --- the one way into the hub, and its effects carried out -------------------------------------
 
@@ -113,6 +115,8 @@ class BrokerServer:
     async def start(self) -> None:
         tune_allocator()
         loop = asyncio.get_running_loop()
+        if self.config.spin_wait_s > 0 and not isinstance(loop, asyncio.SelectorEventLoop):
+            self.spinner = LoopSpinner(loop, self.config.spin_wait_s)  # uvloop's; a standard loop's selector spins
         tcp = await loop.create_server(
             lambda: PeerProtocol(self), self.config.host, self.config.port, reuse_address=True, backlog=256
         )

@@ -106,6 +106,16 @@ def new_spin_wait(spin_s: float = SPIN_WAIT_S) -> SpinWait | None:
     return SpinWait(spin_s) if spin_s > 0 else None
 
 
+def recv_exactly(sock: socket.socket, view: memoryview, first: SpinWait | None = None) -> None:
+    """Fill ``view`` from ``sock``, blocking; its first read waits by ``first`` when given."""
+    got = 0
+    while got < len(view):
+        n = first.recv_into(sock, view[got:]) if first is not None and not got else sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection")
+        got += n
+
+
 class FrameReader:
     """Blocking reads of whole frames into one preallocated, growing buffer. With ``spin_wait_s``, the wait
     for a frame's first bytes first asks without sleeping, as the broker's clients do
@@ -117,25 +127,14 @@ class FrameReader:
         self.header = bytearray(HEADER.size)
         self.spin_wait = new_spin_wait(spin_wait_s)
 
-    def _fill(self, view: memoryview, first_waits: bool = False) -> None:
-        got = 0
-        while got < len(view):
-            if first_waits and not got and self.spin_wait is not None:
-                n = self.spin_wait.recv_into(self.sock, view[got:])
-            else:
-                n = self.sock.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection")
-            got += n
-
     def read_frame(self) -> memoryview:
         """The next frame's body, a view of the buffer (valid until the next read)."""
-        self._fill(memoryview(self.header), first_waits=True)
+        recv_exactly(self.sock, memoryview(self.header), self.spin_wait)
         (length,) = HEADER.unpack(self.header)
         if length > len(self.buffer):
             self.buffer = bytearray(max(length, 2 * len(self.buffer)))
         view = memoryview(self.buffer)[:length]
-        self._fill(view)
+        recv_exactly(self.sock, view)
         return view
 
     def read(self) -> Any:

@@ -30,7 +30,7 @@ from typing import Final, cast
 import uvloop
 
 from benchmarks.measure import emit
-from benchmarks.raw import connect_retry, new_spin_wait
+from benchmarks.raw import connect_retry, new_spin_wait, recv_exactly
 
 try:
     from broker.server.spinning import LoopSpinner
@@ -47,19 +47,8 @@ class Forwarder:
         self.buffer = bytearray(capacity)
         self.spin_wait = new_spin_wait()  # a frame's first bytes are waited for as the broker waits
 
-    def _fill(self, sock: socket.socket, view: memoryview, first_waits: bool = False) -> None:
-        got = 0
-        while got < len(view):
-            if first_waits and not got and self.spin_wait is not None:
-                n = self.spin_wait.recv_into(sock, view[got:])
-            else:
-                n = sock.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection")
-            got += n
-
     def forward(self, source: socket.socket, sink: socket.socket) -> None:
-        self._fill(source, memoryview(self.buffer)[: HEADER.size], first_waits=True)
+        recv_exactly(source, memoryview(self.buffer)[: HEADER.size], self.spin_wait)
         (length,) = HEADER.unpack_from(self.buffer)
         total = HEADER.size + length
         if total > len(self.buffer):
@@ -67,7 +56,7 @@ class Forwarder:
             grown[: HEADER.size] = self.buffer[: HEADER.size]
             self.buffer = grown
         frame = memoryview(self.buffer)[:total]
-        self._fill(source, frame[HEADER.size :])
+        recv_exactly(source, frame[HEADER.size :])
         sink.sendall(frame)
 
 

@@ -166,6 +166,31 @@ def test_games_are_served_while_no_trainer_waits(hold_broker: InProcessBroker) -
     env.close()
 
 
+def test_the_loop_polls_before_sleeping_only_while_a_trainer_waits_in_it(hold_broker: InProcessBroker) -> None:
+    """The trainer's waits poll (SpinningSelector); the daemon thread's, while the trainer is busy with the GIL
+    (between rollouts), sleep at once."""
+    selector = hold_broker.server_thread._selector
+    assert selector is not None
+    selects: list[tuple[int, bool]] = []
+    select = selector.select
+
+    def recording_select(timeout: float | None = None) -> Any:
+        selects.append((threading.get_ident(), selector.polls))
+        return select(timeout)
+
+    selector.select = recording_select  # type: ignore[method-assign]
+    env = hold_broker.vec_env("mover")
+    env.reset()
+    step(env, 5)
+    time.sleep(0.5)  # nobody is in step_wait: the daemon thread runs the loop
+    step(env, 5)
+    env.close()
+    daemon = hold_broker.server_thread._thread.ident
+    me = threading.get_ident()
+    assert {polls for thread, polls in selects if thread == daemon} == {False}, selects[-10:]
+    assert {polls for thread, polls in selects if thread == me} == {True}, selects[-10:]
+
+
 def test_a_trainer_in_a_thread_running_an_event_loop_is_served_by_the_daemon(hold_broker: InProcessBroker) -> None:
     """As in a notebook, where the cell runs inside an asyncio loop: this loop cannot be run there."""
     entries = record_hub_entries(hold_broker)

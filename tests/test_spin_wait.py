@@ -204,6 +204,11 @@ def test_the_in_process_loops_selector_polls_before_it_sleeps(pair: tuple[socket
     selector.timeouts = []
     sender.sendall(b"soon")
     assert selector.select(5.0) and selector.timeouts == [0]  # then polls again, and finds it at once
+    receiver.recv(16)
+    selector.timeouts = []
+    selector.polls = False  # its runner turned polling off: it sleeps at once
+    sender.sendall(b"off")
+    assert selector.select(5.0) and selector.timeouts == [5.0]
     selector.close()
 
 

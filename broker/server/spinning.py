@@ -20,12 +20,13 @@ from broker.tuning import SPIN_WAIT_S, SpinBudget
 
 
 class SpinningSelector(selectors.DefaultSelector):
-    def __init__(self, spin_s: float = SPIN_WAIT_S) -> None:
+    def __init__(self, spin_s: float = SPIN_WAIT_S, polls: bool = True) -> None:
         super().__init__()
         self.budget = SpinBudget(spin_s)
+        self.polls = polls  # set by the loop's runner: off, every select sleeps at once
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if timeout is None or timeout > 0:
+        if self.polls and (timeout is None or timeout > 0):
             spin_s = self.budget.next_spin()
             if spin_s:
                 started = time.perf_counter()

@@ -78,7 +78,15 @@ except ImportError:  # an older tree with this benchmarks/ laid over it (benchma
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
-BROKER_MODES = ("broker_tcp", "broker_unix", "broker_plugin", "broker_script", "broker_variant", "inprocess")
+BROKER_MODES = (
+    "broker_tcp",
+    "broker_socket",
+    "broker_unix",
+    "broker_plugin",
+    "broker_script",
+    "broker_variant",
+    "inprocess",
+)
 
 
 # The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of
@@ -325,6 +333,8 @@ class Run:
         address = f"unix:{unix_path}" if self.mode == "broker_unix" else f"127.0.0.1:{port_file.read_text()}"
         for name in self.config.policy_names if self.mode != "broker_script" else ():
             trainer_args = ["--address", address, "--policy", name, *timing]
+            if self.mode == "broker_socket":
+                trainer_args.append("--socket-only")
             self.spawn(f"trainer-{name}", [py, "-m", "benchmarks.trainers", "broker", *trainer_args])
         if self.mode in ("broker_plugin", "broker_script"):  # godot_rl plugin games: the broker speaks their JSON
             for i in range(self.config.games):

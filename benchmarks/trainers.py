@@ -47,10 +47,12 @@ def step_vec_env(env: Any, meter: Meter, seed: int) -> None:
         return
 
 
-def run_broker(address: str, policy: str, warmup_s: float, measure_s: float) -> None:
+def run_broker(address: str, policy: str, warmup_s: float, measure_s: float, socket_only: bool = False) -> None:
     from clients.vec_env import BrokerVecEnv
 
-    env = BrokerVecEnv(policy, address, name=f"bench-trainer-{policy}")
+    # socket_only: the mode broker_socket, large batches through the socket instead of the shared-memory ring
+    extra: dict[str, Any] = {"ring_bytes": 0} if socket_only else {}
+    env = BrokerVecEnv(policy, address, name=f"bench-trainer-{policy}", **extra)
     emit({"event": "ready", "policy": policy, "n_envs": env.num_envs})
     step_vec_env(env, Meter(warmup_s, measure_s, MIN_STEPS, env.num_envs, policy), seed=int(policy[1:]))
 
@@ -120,12 +122,13 @@ def main() -> None:
     parser.add_argument("--ports", help="godot_rl: one port per game, comma-separated")
     parser.add_argument("--config", help="inprocess: a BenchConfig as JSON")
     parser.add_argument("--label", default="godot_rl", help="godot_rl: what the result is called")
+    parser.add_argument("--socket-only", action="store_true", help="broker: no shared-memory ring")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--measure", type=float, default=2.0)
     args = parser.parse_args()
     configure_logging(level="warning")
     if args.kind == "broker":
-        run_broker(args.address, args.policy, args.warmup, args.measure)
+        run_broker(args.address, args.policy, args.warmup, args.measure, args.socket_only)
     elif args.kind == "inprocess":
         run_inprocess(BenchConfig.from_json(json.loads(args.config)), args.warmup, args.measure)
     else:

@@ -62,6 +62,7 @@ COMPILED_MODULES: Final = (
     "broker.protocol.gather",
     "broker.protocol.hot",
     "broker.protocol.kinds",
+    "broker.protocol.ring",
     "broker.protocol.spaces",
     "broker.protocol.stepping",
     "broker.server.peer",

@@ -3,11 +3,13 @@ write per frame, TCP_NODELAY, and a sans-IO PeerConnection doing the protocol wo
 
 from __future__ import annotations
 
+import mmap
 import os
+import secrets
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import structlog
@@ -18,6 +20,7 @@ from broker.protocol.connection import PeerConnection, State
 from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.gather import frame_buffers
 from broker.protocol.messages import Close, Error, Hello, Message, Welcome
+from broker.protocol.ring import TOKEN_OFFSET, RingOffer, RingReader
 from broker.tuning import SPIN_WAIT_S, SpinBudget, tune_allocator
 from clients.errors import BrokerError
 
@@ -104,12 +107,17 @@ class PeerSocket:
         timeout_recv: float | None = None,
         codec: BodyKind = BodyKind.MSGPACK,
         spin_wait_s: float = SPIN_WAIT_S,
+        ring_bytes: int = 0,
     ) -> None:
+        """``ring_bytes``: a trainer offers the broker a shared-memory ring of this size for its large frames
+        (docs/protocol.md §3b), used when the broker runs on this host and can map it; 0: the socket only."""
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.hello = hello
         self.codec = codec
         self.timeout_recv = timeout_recv
         self.spin_wait = SpinWait(spin_wait_s)
+        self.ring_bytes = ring_bytes if hello.role == "trainer" and hasattr(os, "memfd_create") else 0
+        self.ring: SharedRing | None = None
         self.closed_by_broker = False  # the broker said goodbye (close or error frame), as on its shutdown
         tune_allocator()
         try:
@@ -143,7 +151,15 @@ class PeerSocket:
         deadline = time.monotonic() + timeout_connect
         # msgpack, or Godot Variant as the addon. Arrays are writable views of their frame: this socket
         # alone holds what it receives, so a VecEnv may hand them to SB3 without a copy.
-        self.connection = PeerConnection(self.hello, codec=self.codec, writable_arrays=True)
+        hello = self.hello
+        if self.ring_bytes:  # a fresh ring for every connection: nothing of an earlier session can reach it
+            if self.ring is not None:
+                self.ring.close()
+            self.ring = SharedRing(self.ring_bytes)
+            hello = replace(hello, ring=self.ring.offer)
+        self.connection = PeerConnection(hello, codec=self.codec, writable_arrays=True)
+        if self.ring is not None:
+            self.connection.ring = RingReader(self.ring.view, self.connection.max_frame_bytes)
         self.closed_by_broker = False
         self._first_bytes = b""  # what the server sent first, to show when it is not the greeting
         self.sock = self._connect_with_backoff(timeout_connect)
@@ -317,6 +333,39 @@ class PeerSocket:
         except OSError:
             pass
         self.sock.close()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+
+    @property
+    def ring_frames(self) -> int:
+        """Frames this connection has received through its shared-memory ring (0: none, or no ring)."""
+        ring = self.connection.ring
+        return 0 if ring is None else ring.frames
+
+
+class SharedRing:
+    """The memory a trainer offers the broker for its large frames: an anonymous memory file (``memfd``) the
+    broker opens through ``/proc/<our pid>/fd/<fd>``, with a random token in it so that the broker maps this
+    file and no other. It lives as long as the connection; its pages are the trainer's and the broker's only."""
+
+    def __init__(self, size: int) -> None:
+        self.fd = os.memfd_create("gdrl-broker-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)  # sparse: pages cost memory only once a frame touches them
+            self.map = mmap.mmap(self.fd, size)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.view = memoryview(self.map)
+        token = secrets.token_bytes(16)
+        self.view[TOKEN_OFFSET : TOKEN_OFFSET + len(token)] = token
+        self.offer = RingOffer(f"/proc/{os.getpid()}/fd/{self.fd}", size, token)
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)
 
 
 class SpinWait:

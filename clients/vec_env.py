@@ -21,6 +21,7 @@ from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode
 from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
 from broker.protocol.native import NATIVE
+from broker.protocol.ring import DEFAULT_RING_BYTES
 from clients.errors import BrokerError
 from clients.spaces import ActionCodec, convert_obs, observation_dict
 from clients.transport import (
@@ -63,6 +64,10 @@ class BrokerVecEnv(VecEnv):
     ``spin_wait_s``: how long ``step_wait`` asks for the next batch without sleeping before it blocks
     (clients/transport.py, ``SPIN_WAIT_S``; 0 turns it off, e.g. on a machine with fewer cores than busy
     processes).
+
+    ``ring_bytes``: with the broker on this host, batches of 32 KB or more come through a shared-memory ring of
+    this size (virtual: only the pages a batch touches are used) instead of the socket, copied out once
+    (docs/protocol.md §3b; docs/performance.md, "A shared-memory ring"); 0: the socket only.
     """
 
     def __init__(
@@ -78,6 +83,7 @@ class BrokerVecEnv(VecEnv):
         timeout_reconnect: float = DEFAULT_TIMEOUT_RECONNECT,
         reconnect_on_shutdown: bool = False,
         spin_wait_s: float = SPIN_WAIT_S,
+        ring_bytes: int = DEFAULT_RING_BYTES,
     ) -> None:
         self.policy = policy
         self.closed = False
@@ -103,7 +109,9 @@ class BrokerVecEnv(VecEnv):
             hello = Hello(
                 "trainer", PROTOCOL_VERSION, trainer_name, default_token(token), policy=policy, stepping=stepping
             )
-            link = self._socket = PeerSocket(address, hello, timeout_connect=timeout_connect, spin_wait_s=spin_wait_s)
+            link = self._socket = PeerSocket(
+                address, hello, timeout_connect=timeout_connect, spin_wait_s=spin_wait_s, ring_bytes=ring_bytes
+            )
         self._link = link
         try:
             info = self._await(PolicyInfo)

@@ -50,6 +50,7 @@ from broker.protocol.messages import (
     Welcome,
     message_from_wire,
 )
+from broker.protocol.ring import RingReader, is_doorbell
 
 GODOT_RL_MAJOR: Final = "0"
 GODOT_RL_MINOR: Final = "7"
@@ -329,8 +330,12 @@ class PeerConnection:
         self.hello = hello
         self.codec = codec
         self.state = State.AWAIT_GREETING
+        self.max_frame_bytes = max_frame_bytes
         self._decoder = FrameDecoder(max_frame_bytes, writable_bodies=writable_arrays)
         self._greeting_frames = 0
+        # The shared-memory ring this peer offered in its hello (a trainer on the broker's host), once mapped:
+        # a doorbell frame stands for the frame it points to there.
+        self.ring: RingReader | None = None
 
     def initial_bytes(self) -> bytes:
         return self.send(self.hello)
@@ -353,6 +358,8 @@ class PeerConnection:
             if self.state is State.AWAIT_GREETING:
                 self._check_greeting(body)
                 continue
+            if self.ring is not None and is_doorbell(body):
+                body = self.ring.take(body)
             kind = body_kind(body)
             if kind is not self.codec:
                 raise RemoteProtocolError(ErrorCode.MALFORMED, f"expected {self.codec.value} bodies, got {kind.value}")

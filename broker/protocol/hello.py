@@ -9,6 +9,7 @@ from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode, RemoteProtocolError, summarize
 from broker.protocol.fields import Field, WireMessage, check_text, is_int
 from broker.protocol.limits import MAX_CLAIM, MAX_GROUPS
+from broker.protocol.ring import RingOffer
 from broker.protocol.spaces import MAX_NAME, GroupSpec
 from broker.protocol.stepping import StepOptions
 
@@ -55,6 +56,11 @@ def _policy_name(value: Any, what: str, key: str) -> None:
         raise _bad_hello("hello.policy must be a non-empty string")
 
 
+def _ring(value: Any, what: str, key: str) -> None:
+    if value is not None and not isinstance(value, RingOffer):
+        raise _bad_hello("hello.ring must be a RingOffer")
+
+
 def _stepping(value: Any, what: str, key: str) -> None:
     if value is not None and not isinstance(value, StepOptions):
         raise _bad_hello("hello.stepping must be StepOptions")
@@ -79,6 +85,7 @@ class Hello(WireMessage):
             sent=lambda m: m.role in ("trainer", "sampler") and m.stepping is not None,
         ),
         Field("claim_games", _claim, sent=lambda m: m.role == "sampler"),
+        Field("ring", _ring, encode=lambda r: r.to_wire(), sent=lambda m: m.role == "trainer" and m.ring is not None),
     )
     role: Literal["game", "trainer", "sampler", "observer", "control"]  # control: one Control request, answered
     protocol: int
@@ -88,6 +95,7 @@ class Hello(WireMessage):
     policy: str = ""  # trainers only
     stepping: StepOptions | None = None  # trainers and samplers; None: the broker's defaults
     claim_games: int | str = ALL_GAMES  # samplers only: how many games, or ALL_GAMES
+    ring: RingOffer | None = None  # trainers only: shared memory for large frames, if the broker can map it
 
     @classmethod
     def from_wire(cls, obj: dict[str, Any]) -> Hello:
@@ -113,21 +121,29 @@ class Hello(WireMessage):
             if len(set(names)) != len(names):
                 twice = sorted({n for n in names if names.count(n) > 1})[:3]
                 raise _bad_hello(f"hello.groups names a policy twice: {twice}")
-            return cls._trusted({**values, "groups": specs, "policy": "", "stepping": None, "claim_games": ALL_GAMES})
+            return cls._trusted(
+                {**values, "groups": specs, "policy": "", "stepping": None, "claim_games": ALL_GAMES, "ring": None}
+            )
         if role == "trainer":
             policy = obj.get("policy")
             if not isinstance(policy, str) or not policy or len(policy) > MAX_NAME:
                 raise _bad_hello("hello.policy must be a non-empty string")
             stepping = obj.get("stepping")
             options = None if stepping is None else StepOptions.from_wire(stepping)
+            ring = obj.get("ring")
+            offer = None if ring is None else RingOffer.from_wire(ring)
             return cls._trusted(
-                {**values, "groups": (), "policy": policy, "stepping": options, "claim_games": ALL_GAMES}
+                {**values, "groups": (), "policy": policy, "stepping": options, "claim_games": ALL_GAMES, "ring": offer}
             )
         if role == "sampler":
             claim = obj.get("claim_games")
             _claim(claim, "hello", "claim_games")
             stepping = obj.get("stepping")
             options = None if stepping is None else StepOptions.from_wire(stepping)
-            return cls._trusted({**values, "groups": (), "policy": "", "stepping": options, "claim_games": claim})
+            return cls._trusted(
+                {**values, "groups": (), "policy": "", "stepping": options, "claim_games": claim, "ring": None}
+            )
         _role(role, "hello", "role")
-        return cls._trusted({**values, "groups": (), "policy": "", "stepping": None, "claim_games": ALL_GAMES})
+        return cls._trusted(
+            {**values, "groups": (), "policy": "", "stepping": None, "claim_games": ALL_GAMES, "ring": None}
+        )

@@ -45,8 +45,10 @@ from broker.protocol.messages import (
     TrainerReset,
     Welcome,
 )
+from broker.protocol.ring import RING_MIN_BYTES, RingOffer
 from broker.server.frozen import ControlError
 from broker.server.legacy_games import is_loopback
+from broker.server.ring import MappedRing, RingUnusable
 from broker.status import wire_safe
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class PeerProtocol(asyncio.Protocol):
         self._refusal_timer: asyncio.TimerHandle | None = None
         self.admitted = False  # past hello: counts against --limit-connections, not --limit-before-hello
         self.large_frames = False
+        self.ring: MappedRing | None = None  # a trainer's shared-memory ring, for its large frames
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # --- asyncio callbacks -----------------------------------------------------------------------
@@ -173,6 +176,9 @@ class PeerProtocol(asyncio.Protocol):
         self.server.connections.discard(self)
         self.server.before_hello.pop(self, None)
         self.server.admitted.discard(self)
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
         if self.large_frames or self.game is not None:
             self.server.schedule_heap_trim()
         if self.game is not None or self.trainer is not None or self.sampler is not None:
@@ -195,6 +201,8 @@ class PeerProtocol(asyncio.Protocol):
                 self.game = session if isinstance(session, GameSession) else None
                 self.trainer = session if isinstance(session, TrainerSession) else None
                 self.sampler = session if isinstance(session, SamplerSession) else None
+                if self.trainer is not None and event.ring is not None:
+                    self._map_ring(event.ring)
             elif event.role == "control":  # one Control request follows
                 self.send(Welcome(PROTOCOL_VERSION, 0))
             else:  # an observer: status once, then goodbye
@@ -246,6 +254,18 @@ class PeerProtocol(asyncio.Protocol):
             raise RemoteProtocolError(
                 ErrorCode.AUTH_FAILED, "godot_rl plugin games carry no token; they may only connect over loopback"
             )
+
+    def _map_ring(self, offer: RingOffer) -> None:
+        """Use the trainer's offered ring for its large frames, if it is on this host and the offer holds."""
+        assert self.transport is not None
+        try:
+            if not is_loopback(self.transport):
+                raise RingUnusable("the trainer is not on this host")
+            self.ring = MappedRing(offer)
+        except RingUnusable as exc:
+            log.info("trainer ring not used; frames go by the socket", peer=self.label, reason=str(exc))
+            return
+        log.info("trainer ring in use", peer=self.label, ring_bytes=offer.size)
 
     def _refuse(self, exc: RemoteProtocolError) -> None:
         refusal = self.connection.refuse(exc)
@@ -314,6 +334,16 @@ class PeerProtocol(asyncio.Protocol):
             log.error("message not encodable", peer=self.label, error=problem)
             self._fail(ErrorCode.INTERNAL, f"the broker could not encode a '{message.TYPE}' message for this peer")
             return
+        ring = self.ring
+        if ring is not None and isinstance(message, Batch):
+            total = 0
+            for piece in frame:
+                total += len(memoryview(piece).cast("B"))
+            if total >= RING_MIN_BYTES:
+                doorbell = ring.writer.place(frame, total)
+                if doorbell is not None:  # else no room now: the socket, in order behind the doorbells before
+                    self._write(doorbell)
+                    return
         if len(frame) == 1:
             self._write(frame[0])
         elif not self.closing:

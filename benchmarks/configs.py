@@ -24,9 +24,8 @@ ACTION_SIZE: Final = 2
 OBS_KINDS: Final = ("vec8", "vec64", "img")
 # The fair godot_rl baseline is the faster of its two ways to serve P policies (the first two modes).
 GODOT_RL_MODES: Final = ("godot_rl_per_policy", "godot_rl_one_env")
-MODES: Final = (
-    *GODOT_RL_MODES,
-    "godot_rl_emulator",
+# The modes with the broker between game and trainer (a process of its own, or the trainer's).
+BROKER_MODES: Final = (
     "broker_tcp",
     "broker_socket",
     "broker_unix",
@@ -34,10 +33,8 @@ MODES: Final = (
     "broker_script",
     "broker_variant",
     "inprocess",
-    "raw",
-    "relay",
-    "relay_asyncio",
 )
+MODES: Final = (*GODOT_RL_MODES, "godot_rl_emulator", *BROKER_MODES, "raw", "relay", "relay_asyncio")
 # Not run by default: the old baseline, the asyncio relay (a diagnosis: what the event loop costs), the
 # Variant codec (what an addon game's bodies cost the broker) and godot_rl's scripts dialed by the broker (the
 # migration guide's path B); asked for by name.

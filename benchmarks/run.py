@@ -78,15 +78,6 @@ except ImportError:  # an older tree with this benchmarks/ laid over it (benchma
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_INTERVAL_S = 0.1
 STEPPING = "barrier"  # lock-step, like godot_rl and the raw ceiling: every step waits for every trainer
-BROKER_MODES = (
-    "broker_tcp",
-    "broker_socket",
-    "broker_unix",
-    "broker_plugin",
-    "broker_script",
-    "broker_variant",
-    "inprocess",
-)
 
 
 # The broker and its peers tune glibc's allocator (broker/tuning.py: large freed blocks are kept instead of

@@ -24,6 +24,7 @@ import pytest
 
 from benchmarks.configs import (
     ACTION_KEY,
+    BROKER_MODES,
     DEFAULT_MODES,
     GODOT_RL_MODES,
     HORIZON,
@@ -38,7 +39,7 @@ from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
 from benchmarks.raw import HEADER, check_same_bytes, connect_retry, step_frame
 from benchmarks.relay import Forwarder, run_asyncio
-from benchmarks.run import BROKER_MODES, modes_for
+from benchmarks.run import modes_for
 from broker import compiled
 from broker.protocol.codec import BodyKind, body_kind, decode_body
 from broker.protocol.messages import GameStep

@@ -64,6 +64,15 @@ def test_a_frame_placed_in_the_ring_is_taken_out_whole_and_the_ring_starts_over_
     assert writer.frames == reader.frames == 5
 
 
+def test_the_doorbell_of_the_protocol_documents_example() -> None:
+    writer, reader, _ = _ring(DATA_OFFSET + 100_000)
+    body = secrets.token_bytes(65_600)
+    doorbell = writer.place(_frame(body), HEADER.size + len(body))
+    expected = "18000000 c1000000 40000100 4400000000000000 4400010000000000"  # docs/protocol.md, section 3b
+    assert doorbell == bytes.fromhex(expected.replace(" ", ""))
+    assert bytes(reader.take(doorbell[HEADER.size :])) == body
+
+
 def test_a_frame_is_never_written_over_what_the_trainer_has_not_taken_out() -> None:
     writer, reader, _ = _ring(DATA_OFFSET + 100_000)
     first = writer.place(_frame(bytes(range(256)) * 150), 4 + 38_400)

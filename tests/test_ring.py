@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -169,28 +170,28 @@ def _observation(tick: int) -> np.ndarray:
     return (np.arange(AGENTS * OBS, dtype=np.float32).reshape(AGENTS, OBS) + tick * 0.5).astype(np.float32)
 
 
+def _play_counting(address: str, stop: threading.Event) -> None:
+    """A game whose observation at tick t is ``_observation(t)``, until ``stop``."""
+    client = GameClient(address, [GroupSpec("p", AGENTS, SPACES)], name="counting")
+    tick = 0
+    try:
+        while not stop.is_set():
+            zeros = np.zeros(AGENTS, np.float32)
+            client.step({"p": StepData({"obs": _observation(tick)}, zeros, zeros.astype(bool), zeros.astype(bool))})
+            tick += 1
+    except Exception:
+        pass
+    finally:
+        client.close()
+
+
 @pytest.fixture
 def counting_game(tmp_path: Path) -> Iterator[str]:
-    """A broker subprocess and a game whose observation at tick t is ``_observation(t)``."""
+    """A broker subprocess and a counting game on it."""
     assert AGENTS * OBS * 4 >= RING_MIN_BYTES
     with broker_process(tmp_path, "--games", "1", "--stepping", "barrier") as (_, address):
         stop = threading.Event()
-
-        def play() -> None:
-            client = GameClient(address, [GroupSpec("p", AGENTS, SPACES)], name="counting")
-            tick = 0
-            try:
-                while not stop.is_set():
-                    zeros = np.zeros(AGENTS, np.float32)
-                    data = StepData({"obs": _observation(tick)}, zeros, zeros.astype(bool), zeros.astype(bool))
-                    client.step({"p": data})
-                    tick += 1
-            except Exception:
-                pass
-            finally:
-                client.close()
-
-        thread = threading.Thread(target=play, daemon=True)
+        thread = threading.Thread(target=_play_counting, args=(address, stop), daemon=True)
         thread.start()
         yield address
         stop.set()
@@ -229,3 +230,38 @@ def test_without_a_ring_or_with_one_too_small_the_same_batches_come_by_the_socke
         ticks = [round(float(obs[0, 0]) / 0.5) for obs in seen]
         for tick, obs in zip(ticks, seen, strict=True):
             np.testing.assert_array_equal(obs, _observation(tick))
+
+
+def test_a_trainer_that_reconnects_to_a_restarted_broker_offers_a_fresh_ring(tmp_path: Path) -> None:
+    from tests.scripts.reliability_common import start_broker, stop
+
+    first, port, _ = start_broker(tmp_path, "--games", "1", "--stepping", "barrier")
+    address = f"127.0.0.1:{port}"
+    halt = threading.Event()
+    game = threading.Thread(target=_play_counting, args=(address, halt), daemon=True)
+    game.start()
+    second = None
+    env = None
+    try:
+        env = BrokerVecEnv("p", address, timeout_reconnect=30)
+        _steps(env, 5)
+        assert env._socket is not None and env._socket.ring is not None
+        old_ring = env._socket.ring
+        assert env._socket.ring_frames == 6
+        stop(first, signal.SIGKILL)
+        second, _, _ = start_broker(tmp_path, "--games", "1", "--stepping", "barrier", port=port)
+        _, _, dones, infos = env.step(np.zeros((AGENTS, 1), np.float32))  # the new session's first batch
+        assert dones.all() and infos[0].get("broker_reconnected")
+        seen = _steps(env, 5)[1:]
+        assert env._socket.ring is not old_ring and old_ring.map.closed  # the first session's ring is gone
+        assert env._socket.ring_frames == 7  # the new session's first batch, reset's, then five steps'
+        for obs in seen:
+            np.testing.assert_array_equal(obs, _observation(round(float(obs[0, 0]) / 0.5)))
+    finally:
+        if env is not None:
+            env.close()
+        halt.set()
+        if second is not None:
+            stop(second)
+        stop(first, signal.SIGKILL)
+        game.join(timeout=10)

@@ -11,7 +11,9 @@ either (a) ``godot_rl_per_policy``: one port and one trainer process per policy,
 agents of all policies in one env; every ``x godot_rl`` ratio is against the faster of the two. (a'')
 ``godot_rl_emulator`` (not run by default): the old baseline, one env serving clients/plugin_emulator.py. (b)
 ``broker_tcp``: ``gdrl-broker serve`` + the native game (lean_game.py) + one BrokerVecEnv process per policy over
-TCP; (b') ``broker_plugin``: the same serving the lean plugin game instead (the broker's godot_rl JSON path); (b'')
+TCP, batches of 32 KB or more through each trainer's shared-memory ring (the default); (b0) ``broker_socket``: the
+same with the ring off, every batch through the socket; (b') ``broker_plugin``: the same serving the lean plugin
+game instead (the broker's godot_rl JSON path); (b'')
 ``broker_variant`` (not run by default): the lean game's bodies as Godot Variants, the addon's codec; (b''')
 ``broker_script`` (not run by default): the lean plugin game through the broker to godot_rl's own env, one process
 per policy, which the broker dials (``--godot-rl-trainer``: the migration guide's path B, keeping both the game and

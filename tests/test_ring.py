@@ -136,7 +136,9 @@ def test_the_broker_maps_a_memory_file_holding_the_token_and_nothing_else(tmp_pa
     try:
         mapped = MappedRing(ring.offer)
         assert mapped.writer.capacity == MIN_RING_BYTES - DATA_OFFSET
+        held = mapped.view[:8]  # a view still alive when the connection goes: closing must not raise
         mapped.close()
+        held.release()
         wrong_token = replace(ring.offer, token=bytes(16))
         wrong_size = replace(ring.offer, size=2 * MIN_RING_BYTES)
         for offer, reason in ((wrong_token, "token"), (wrong_size, "offered")):

@@ -176,13 +176,13 @@ class PeerProtocol(asyncio.Protocol):
         self.server.connections.discard(self)
         self.server.before_hello.pop(self, None)
         self.server.admitted.discard(self)
-        if self.ring is not None:
-            self.ring.close()
-            self.ring = None
         if self.large_frames or self.game is not None:
             self.server.schedule_heap_trim()
         if self.game is not None or self.trainer is not None or self.sampler is not None:
             self.server.leave(self)
+        if self.ring is not None:  # after the hub's goodbye: nothing is sent to this peer any more
+            self.ring.close()
+            self.ring = None
         log.debug("disconnected", peer=self.label, reason=str(exc) if exc else "closed")
 
     # --- dispatch --------------------------------------------------------------------------------

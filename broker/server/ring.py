@@ -9,6 +9,7 @@ this host, keeps the socket; the trainer is not refused for it.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import mmap
 import os
@@ -50,5 +51,7 @@ class MappedRing:
         self.writer = RingWriter(self.view)
 
     def close(self) -> None:
+        """Unmap; never raises (it runs while a connection is torn down)."""
         self.view.release()
-        self.map.close()
+        with contextlib.suppress(BufferError):  # a view of it still alive: the mapping goes with the last one
+            self.map.close()

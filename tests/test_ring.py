@@ -54,7 +54,7 @@ def test_a_frame_placed_in_the_ring_is_taken_out_whole_and_the_ring_starts_over_
     writer, reader, _ = _ring()
     for n in range(5):
         body = secrets.token_bytes(40_000 - n)
-        doorbell = writer.place(_frame(body), HEADER.size + len(body))
+        doorbell = writer.place(_frame(body))
         assert doorbell is not None and HEADER.unpack_from(doorbell)[0] == DOORBELL.size
         assert is_doorbell(doorbell[HEADER.size :])
         taken = reader.take(doorbell[HEADER.size :])
@@ -68,7 +68,7 @@ def test_a_frame_placed_in_the_ring_is_taken_out_whole_and_the_ring_starts_over_
 def test_the_doorbell_of_the_protocol_documents_example() -> None:
     writer, reader, _ = _ring(DATA_OFFSET + 100_000)
     body = secrets.token_bytes(65_600)
-    doorbell = writer.place(_frame(body), HEADER.size + len(body))
+    doorbell = writer.place(_frame(body))
     expected = "18000000 c1000000 40000100 4400000000000000 4400010000000000"  # docs/protocol.md, section 3b
     assert doorbell == bytes.fromhex(expected.replace(" ", ""))
     assert bytes(reader.take(doorbell[HEADER.size :])) == body
@@ -76,12 +76,12 @@ def test_the_doorbell_of_the_protocol_documents_example() -> None:
 
 def test_a_frame_is_never_written_over_what_the_trainer_has_not_taken_out() -> None:
     writer, reader, _ = _ring(DATA_OFFSET + 100_000)
-    first = writer.place(_frame(bytes(range(256)) * 150), 4 + 38_400)
-    second = writer.place(_frame(b"\x07" * 38_400), 4 + 38_400)
+    first = writer.place(_frame(bytes(range(256)) * 150))
+    second = writer.place(_frame(b"\x07" * 38_400))
     assert first is not None and second is not None  # both fit side by side
-    assert writer.place(_frame(b"\x09" * 38_400), 4 + 38_400) is None  # no room: it goes by the socket
+    assert writer.place(_frame(b"\x09" * 38_400)) is None  # no room: it goes by the socket
     assert bytes(reader.take(first[HEADER.size :])) == bytes(range(256)) * 150
-    third = writer.place(_frame(b"\x09" * 38_400), 4 + 38_400)  # the tail is too short: the front, now free
+    third = writer.place(_frame(b"\x09" * 38_400))  # the tail is too short: the front, now free
     assert third is not None and DOORBELL.unpack_from(third, HEADER.size)[2] == DATA_OFFSET + HEADER.size
     assert bytes(reader.take(second[HEADER.size :])) == b"\x07" * 38_400
     assert bytes(reader.take(third[HEADER.size :])) == b"\x09" * 38_400
@@ -89,9 +89,9 @@ def test_a_frame_is_never_written_over_what_the_trainer_has_not_taken_out() -> N
 
 def test_a_frame_larger_than_the_ring_or_a_release_ahead_of_the_writer_keeps_the_socket() -> None:
     writer, _, memory = _ring(DATA_OFFSET + 50_000)
-    assert writer.place(_frame(b"\x01" * 60_000), 60_004) is None
+    assert writer.place(_frame(b"\x01" * 60_000)) is None
     memory[:8] = (10**9).to_bytes(8, "little")  # a trainer that claims to have taken what was never written
-    assert writer.place(_frame(b"\x01" * 1000), 1004) is None
+    assert writer.place(_frame(b"\x01" * 40_000)) is None
     assert writer.frames == 0
 
 

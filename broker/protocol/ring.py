@@ -90,15 +90,16 @@ class RingWriter:
         self.written = 0  # ring total: every byte ever placed or skipped
         self.frames = 0  # placed so far (status, tests)
 
-    def place(self, buffers: list[Buffer], total: int) -> bytes | None:
-        """Copy the frame ``buffers`` (``total`` bytes, header first) into the ring and return the doorbell
-        frame to send in its place; None if the ring has no room for it now."""
-        body_length = total - HEADER.size
-        if total > self.capacity:
+    def place(self, buffers: list[Buffer]) -> bytes | None:
+        """Copy the frame ``buffers`` (header first) into the ring and return the doorbell frame to send in its
+        place; None for a frame under RING_MIN_BYTES, or when the ring has no room for it now."""
+        views = [_as_bytes(piece) for piece in buffers]
+        total = sum(view.nbytes for view in views)
+        capacity = self.capacity
+        if not RING_MIN_BYTES <= total <= capacity:
             return None
         (released,) = RELEASE.unpack_from(self.memory, 0)
         start = self.written
-        capacity = self.capacity
         if released == start:  # the trainer has copied out every frame: the front of the ring is free
             start = -(-start // capacity) * capacity
         else:
@@ -106,19 +107,22 @@ class RingWriter:
                 start = -(-start // capacity) * capacity
             if not released < start or start + total - released > capacity:
                 return None  # would overwrite what the trainer has not copied out yet (or a bad release)
-        end = start + total
-        at = DATA_OFFSET + start % self.capacity
+        offset = DATA_OFFSET + start % capacity
+        at = offset
         memory = self.memory
-        for piece in buffers:
-            view = memoryview(piece)
-            if view.format != "B" or view.ndim != 1:  # an array's own memory: as bytes
-                view = view.cast("B")
+        for view in views:
             memory[at : at + view.nbytes] = view
             at += view.nbytes
-        self.written = end
+        self.written = start + total
         self.frames += 1
-        doorbell = DOORBELL.pack(RING_MARK, body_length, DATA_OFFSET + start % self.capacity + HEADER.size, end)
+        doorbell = DOORBELL.pack(RING_MARK, total - HEADER.size, offset + HEADER.size, self.written)
         return HEADER.pack(DOORBELL.size) + doorbell
+
+
+def _as_bytes(piece: Buffer) -> memoryview:
+    """A frame piece as flat bytes (an array's own memory is typed and may have several dimensions)."""
+    view = memoryview(piece)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 class RingReader:

@@ -45,7 +45,7 @@ from broker.protocol.messages import (
     TrainerReset,
     Welcome,
 )
-from broker.protocol.ring import RING_MIN_BYTES, RingOffer
+from broker.protocol.ring import RingOffer
 from broker.server.frozen import ControlError
 from broker.server.legacy_games import is_loopback
 from broker.server.ring import MappedRing, RingUnusable
@@ -334,16 +334,11 @@ class PeerProtocol(asyncio.Protocol):
             log.error("message not encodable", peer=self.label, error=problem)
             self._fail(ErrorCode.INTERNAL, f"the broker could not encode a '{message.TYPE}' message for this peer")
             return
-        ring = self.ring
-        if ring is not None and isinstance(message, Batch):
-            total = 0
-            for piece in frame:
-                total += len(memoryview(piece).cast("B"))
-            if total >= RING_MIN_BYTES:
-                doorbell = ring.writer.place(frame, total)
-                if doorbell is not None:  # else no room now: the socket, in order behind the doorbells before
-                    self._write(doorbell)
-                    return
+        if self.ring is not None and isinstance(message, Batch):
+            doorbell = self.ring.writer.place(frame)
+            if doorbell is not None:  # else small, or no room now: the socket, in order behind the doorbells before
+                self._write(doorbell)
+                return
         if len(frame) == 1:
             self._write(frame[0])
         elif not self.closing:

@@ -27,6 +27,11 @@ PROMETHEUS_FIELDS = {
     "agents": ("gdrl_policy_agents", "gauge", "agents of the policy in the games connected now"),
     "envs": ("gdrl_policy_envs", "gauge", "VecEnv slots of the policy (0 until every game slot has been filled)"),
     "trainer": ("gdrl_policy_trainer_connected", "gauge", "1 while a trainer for the policy is connected"),
+    "ring_batches": (
+        "gdrl_policy_ring_batches_total",
+        "counter",
+        "batches sent through the trainer's shared-memory ring (its connection's so far)",
+    ),
     "env_steps": ("gdrl_policy_env_steps_total", "counter", "env steps delivered to the trainer"),
     "steps_per_s": ("gdrl_policy_steps_per_second", "gauge", "env steps per second (last 10 s)"),
     "game_ticks_per_s": ("gdrl_policy_game_ticks_per_second", "gauge", "game ticks carrying the policy per second"),

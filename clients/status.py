@@ -12,6 +12,8 @@ from clients.transport import PeerSocket
 COLUMNS = """columns (README "Troubleshooting" says what to do about what they show):
   agents            VecEnv slots of the policy (its agents summed over all games)
   trainer           the trainer's name, - while none is connected
+  link              how the trainer is reached: tcp, unix ("+ ring": batches of 32 KB or more through its
+                    shared-memory ring, docs/protocol.md section 3b), in-process, godot_rl script, frozen
   mode              hold or barrier stepping (docs/protocol.md section 5)
   steps/s           env steps delivered to the trainer per second (10 s window)
   ticks/s           game ticks carrying the policy per second
@@ -84,7 +86,8 @@ def render_table(status: dict[str, Any]) -> str:
         f"broker up {status.get('uptime_s', 0):.0f} s, {status.get('connections', 0)} connections, "
         f"games {connected}/{len(games)}",
         "",
-        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'state':<30} {'mode':<8} {'steps/s':>9} {'ticks/s':>8} "
+        f"{'policy':<16} {'agents':>6} {'trainer':<24} {'link':<15} {'state':<30} {'mode':<8} {'steps/s':>9} "
+        f"{'ticks/s':>8} "
         f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
     ]
     for name, p in status.get("policies", {}).items():
@@ -102,7 +105,8 @@ def render_table(status: dict[str, Any]) -> str:
 def _policy_row(name: str, p: dict[str, Any], state: str) -> str:
     reward = p.get("mean_episode_reward")
     return (
-        f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {state[:30]:<30} {p['mode']:<8} "
+        f"{name:<16} {p['agents']:>6} {(p.get('trainer') or '-')[:24]:<24} {(p.get('link') or '-')[:15]:<15} "
+        f"{state[:30]:<30} {p['mode']:<8} "
         f"{p['steps_per_s']:>9.1f} {p['game_ticks_per_s']:>8.1f} "
         f"{(f'{reward:.3f}' if reward is not None else '-'):>15} {p['held_fraction']:>6.1%} "
         f"{p['longest_hold']:>12} {p['trainer_waited_s']:>16.1f} {p['games_waited_s']:>14.1f}"

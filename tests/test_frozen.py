@@ -146,6 +146,7 @@ def test_frozen_group_is_answered_by_onnx_across_games(tmp_path: Path, monkeypat
     # one inference per batch, each over both games' agents
     assert frozen["agent_steps"] == frozen["batches"] * 2 * N_PICKERS and frozen["batches"] >= 40
     assert status["policies"][PICKER]["trainer"] == f"frozen[{PICKER}]"
+    assert status["policies"][PICKER]["link"] == "frozen" and "ring_batches" not in status["policies"][PICKER]
     assert threads and all(name.startswith("gdrl-frozen") for name in threads), threads  # never the loop's
 
 

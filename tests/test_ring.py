@@ -33,6 +33,7 @@ from broker.protocol.ring import (
 )
 from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
 from clients.game import GameClient
+from clients.status import fetch_status
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import broker_process
 
@@ -213,6 +214,8 @@ def test_batches_come_through_the_ring_byte_for_byte_as_the_game_sent_them(count
     try:
         seen = _steps(env, 40)
         assert env._socket is not None and env._socket.ring_frames == 41  # every batch, the first included
+        policy = fetch_status(counting_game)["policies"]["p"]
+        assert policy["link"] == "tcp + ring" and policy["ring_batches"] == 41  # what the broker says too
     finally:
         env.close()
     ticks = [round(float(obs[0, 0]) / 0.5) for obs in seen]
@@ -227,6 +230,11 @@ def test_without_a_ring_or_with_one_too_small_the_same_batches_come_by_the_socke
         try:
             seen = _steps(env, 10)
             assert env._socket is not None and env._socket.ring_frames == 0
+            policy = fetch_status(counting_game)["policies"]["p"]
+            if ring_bytes:
+                assert policy["link"] == "tcp + ring" and policy["ring_batches"] == 0
+            else:
+                assert policy["link"] == "tcp" and "ring_batches" not in policy
         finally:
             env.close()
         ticks = [round(float(obs[0, 0]) / 0.5) for obs in seen]

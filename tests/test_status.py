@@ -64,10 +64,35 @@ def test_status_reports_games_trainers_and_policies(tmp_path: Path) -> None:
     movers, pickers = status["policies"]["mover"], status["policies"]["picker"]
     assert movers["agents"] == 4 and pickers["agents"] == 4
     assert movers["trainer"] == "t-mover" and movers["mode"] == "hold"
+    # Its ring is mapped (this host), though batches this small go by the socket.
+    assert movers["link"] == "tcp + ring" and movers["ring_batches"] == 0
     assert movers["env_steps"] >= 4 * 150 and movers["steps_per_s"] > 0
     assert movers["episodes"] > 0 and movers["mean_episode_reward"] is not None
     assert 0.0 <= movers["held_fraction"] <= 1.0 and movers["longest_hold"] >= 1
-    assert "mover" in table and "picker" in table and "games 1/1" in table
+    assert "mover" in table and "picker" in table and "games 1/1" in table and "tcp + ring" in table
+    assert 'gdrl_policy_ring_batches_total{policy="mover"} 0.0' in prometheus
     assert 'gdrl_policy_agents{policy="mover"} 4.0' in prometheus
     assert response.startswith(b"HTTP/1.1 200 OK") and b"gdrl_games_connected 1" in response
     assert "policy status" in log and "steps_per_s" in log
+
+
+def test_status_says_how_each_trainer_is_reached(tmp_path: Path) -> None:
+    """One trainer in the broker's process, one over its Unix socket with a ring: each policy's ``link``."""
+    from clients.inprocess import InProcessBroker
+
+    unix_path = str(tmp_path / "broker.sock")
+    with InProcessBroker(expected_games=1, status_interval=0, unix_path=unix_path) as broker:
+        game = threading.Thread(target=run_sim_game, args=(broker.address, 2, 2), daemon=True)
+        game.start()
+        mover = broker.vec_env("mover", name="t-mover")
+        picker = BrokerVecEnv("picker", f"unix:{unix_path}", name="t-picker")
+        try:
+            for env in (mover, picker):
+                env.reset()
+            status = broker.call(broker.server.status)
+        finally:
+            mover.close()
+            picker.close()
+    movers, pickers = status["policies"]["mover"], status["policies"]["picker"]
+    assert movers["link"] == "in-process" and "ring_batches" not in movers
+    assert pickers["link"] == "unix + ring" and pickers["ring_batches"] == 0  # batches this small: the socket

@@ -63,6 +63,10 @@ class GodotRlTrainerLink(asyncio.Protocol):
         self._open_step: int | None = None
         self._last_waiting = ""
 
+    @property
+    def link_kind(self) -> str:
+        return "godot_rl script"
+
     # --- asyncio callbacks -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

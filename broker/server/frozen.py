@@ -77,6 +77,7 @@ class FrozenGroup:
         self.server = registry.server
         self.group = group
         self.label = f"frozen[{group}]"
+        self.link_kind = "frozen"
         self.model_path = model_path  # fixed file; None for a pool group
         self.pool = pool
         self.model: OnnxModel | None = None

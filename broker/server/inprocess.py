@@ -276,6 +276,10 @@ class _HubSide:
         self.closed = False
         self.driving = False
 
+    @property
+    def link_kind(self) -> str:
+        return "in-process"
+
     def send(self, message: Message) -> None:
         if self.closed:
             return

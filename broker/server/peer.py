@@ -66,6 +66,12 @@ class Link(Protocol):
 
     label: str
 
+    @property
+    def link_kind(self) -> str:
+        """How messages reach the peer, for the status: tcp, unix (either with "+ ring": a trainer's large
+        batches through its shared-memory ring), in-process, godot_rl script or frozen (the broker's own)."""
+        ...
+
     def send(self, message: Message) -> None: ...
 
     def close(self, error: Error | Close | None = None) -> None: ...
@@ -78,6 +84,7 @@ class PeerProtocol(asyncio.Protocol):
         self.connection: ServerConnection = BrokerConnection(server.config.max_frame_bytes)
         self.transport: asyncio.Transport | None = None
         self.label = "?"
+        self.family = "tcp"  # or unix: the listener's kind, for the status
         self.game: GameSession | None = None
         self.trainer: TrainerSession | None = None
         self.sampler: SamplerSession | None = None
@@ -91,6 +98,10 @@ class PeerProtocol(asyncio.Protocol):
         self.ring: MappedRing | None = None  # a trainer's shared-memory ring, for its large frames
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    @property
+    def link_kind(self) -> str:
+        return self.family if self.ring is None else f"{self.family} + ring"
+
     # --- asyncio callbacks -----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -103,6 +114,7 @@ class PeerProtocol(asyncio.Protocol):
             self.label = f"{peer[0]}:{peer[1]}"
         else:
             self.label = f"unix#{id(self) & 0xFFFF:04x}"
+            self.family = "unix"
         self.server.connections.add(self)
         writer.write(self.connection.greeting())  # first, so a refused client reads the error as ours
         self._loop = asyncio.get_running_loop()

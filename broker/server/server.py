@@ -166,11 +166,21 @@ class BrokerServer:
                 log.info("policy status", policy=name, **policy)
 
     def status(self) -> dict[str, Any]:
+        snapshot = self.hub.snapshot()
+        # How each policy's trainer is reached is the server's to know, not the hub's.
+        for name, trainer in self.hub.trainers.items():
+            policy = snapshot["policies"].get(name)
+            if policy is None:
+                continue
+            link = cast(Link, trainer.link)  # every peer the server hands the hub is a Link
+            policy["link"] = link.link_kind
+            if isinstance(link, PeerProtocol) and link.ring is not None:
+                policy["ring_batches"] = link.ring.writer.frames
         return {
             "uptime_s": round(time.monotonic() - self.started, 1),
             "connections": len(self.connections),
             "connections_before_hello": len(self.before_hello),
-            **self.hub.snapshot(),
+            **snapshot,
             "frozen": self.frozen.status(),
             "elo": self.frozen.elo.to_dict()["ratings"],
             "team_change": self.frozen.team_changes.status(),

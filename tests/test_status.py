@@ -73,7 +73,7 @@ def test_status_reports_games_trainers_and_policies(tmp_path: Path) -> None:
     assert 'gdrl_policy_ring_batches_total{policy="mover"} 0.0' in prometheus
     assert 'gdrl_policy_agents{policy="mover"} 4.0' in prometheus
     assert response.startswith(b"HTTP/1.1 200 OK") and b"gdrl_games_connected 1" in response
-    assert "policy status" in log and "steps_per_s" in log
+    assert "policy status" in log and "steps_per_s" in log and "ring_batches" in log  # the log says what status says
 
 
 def test_status_says_how_each_trainer_is_reached(tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ class BrokerServer:
     async def _log_status(self) -> None:
         while True:
             await asyncio.sleep(self.config.status_interval)
-            snapshot = self.hub.snapshot()
+            snapshot = self.status()  # what `gdrl-broker status` shows, each trainer's link included
             games = sum(1 for g in snapshot["games"] if g["connected"])
             log.info("status", games=f"{games}/{len(snapshot['games'])}")
             for name, policy in snapshot["policies"].items():

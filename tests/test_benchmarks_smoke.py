@@ -431,3 +431,15 @@ def test_hotpath_measures_each_side_and_moves_the_servers_bytes() -> None:
     assert figures["broker us"] > 0 and figures["game us"] > 0 and figures["trainers us"] > 0
     assert figures["broker->trainer frames"] == 2.0 and figures["game->broker frames"] == 1.0
     assert figures["broker->trainer bytes"] > 2 * 40 * 64 * 4  # two policies' observation rows
+
+
+def test_wakeup_cost_times_every_transport_and_reader() -> None:
+    """benchmarks/wakeup_cost.py measures a send to a reader asleep in recv and to one polling, over TCP and a
+    Unix socket: one row per case, each with a positive CPU figure and round trip."""
+    out = run_benchmark("benchmarks.wakeup_cost", "--rounds", "200", "--sizes", "80,4096", timeout=120)
+    rows = [line.strip("|").split("|") for line in out.splitlines()[2:]]
+    cases = {(cells[0].strip(), cells[1].strip(), cells[2].strip()) for cells in rows}
+    assert cases == {(t, r, s) for t in ("tcp", "unix") for r in ("blocked", "polling") for s in ("80", "4,096")}
+    for cells in rows:
+        send_us, trip_us = float(cells[3]), float(cells[4])
+        assert 0 < send_us and trip_us > 0

@@ -8,8 +8,9 @@ wakes a sleeping reader itself; that time is CPU of the sender, in the lock-step
     python -m benchmarks.wakeup_cost [--rounds 20000] [--sizes 80,102400]
 
 For each transport (loopback TCP with TCP_NODELAY, a Unix socket pair), reader (``blocked`` in ``recv``;
-``polling``: non-blocking reads with ``sched_yield`` between them, as ``SpinWait`` does) and message size, a
-forked reader takes each message whole and answers one byte; the writer times its own ``sendall`` with
+``polling``: each message's first read waits as the broker's clients do, ``clients.transport.SpinWait``,
+through the raw ceiling's ``recv_exactly``) and message size, a forked reader takes each message whole and
+answers one byte; the writer times its own ``sendall`` with
 ``time.thread_time`` (user and kernel CPU of this thread). Prints the mean per send over the rounds (what adds
 up in a process's CPU), and the median round trip. One process pair at a time, on an otherwise idle machine.
 """
@@ -22,6 +23,8 @@ import socket
 import statistics
 import time
 from collections.abc import Iterator
+
+from benchmarks.raw import new_spin_wait, recv_exactly
 
 TRANSPORTS = ("tcp", "unix")
 READERS = ("blocked", "polling")
@@ -38,28 +41,15 @@ def _pair(transport: str) -> tuple[socket.socket, socket.socket]:
     return writer, reader
 
 
-def _read_exactly(sock: socket.socket, buffer: memoryview, polling: bool) -> bool:
-    """Fill ``buffer`` from ``sock``; False at the end of the stream."""
-    got = 0
-    while got < len(buffer):
-        if polling:
-            try:
-                n = sock.recv_into(buffer[got:], 0, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                os.sched_yield()
-                continue
-        else:
-            n = sock.recv_into(buffer[got:])
-        if n == 0:
-            return False
-        got += n
-    return True
-
-
 def _serve(sock: socket.socket, size: int, polling: bool) -> None:
     buffer = memoryview(bytearray(size))
-    while _read_exactly(sock, buffer, polling):
-        sock.sendall(b"k")
+    wait = new_spin_wait() if polling else None
+    try:
+        while True:
+            recv_exactly(sock, buffer, wait)
+            sock.sendall(b"k")
+    except ConnectionError:
+        return  # the writer is done
 
 
 def measure(transport: str, reader: str, size: int, rounds: int) -> tuple[float, float]:

@@ -87,8 +87,8 @@ def render_table(status: dict[str, Any]) -> str:
         f"games {connected}/{len(games)}",
         "",
         f"{'policy':<16} {'agents':>6} {'trainer':<24} {'link':<15} {'state':<30} {'mode':<8} {'steps/s':>9} "
-        f"{'ticks/s':>8} "
-        f"{'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} {'games waited s':>14}",
+        f"{'ticks/s':>8} {'mean ep. reward':>15} {'held':>6} {'longest hold':>12} {'trainer waited s':>16} "
+        f"{'games waited s':>14}",
     ]
     for name, p in status.get("policies", {}).items():
         state = p.get("state") or ("training" if p.get("trainer") else "no trainer")

@@ -22,6 +22,7 @@ from broker.server.config import ServerConfig
 from clients.errors import BrokerError
 from clients.game import GameClient
 from clients.sim_game import SimGame
+from clients.status import fetch_status
 from clients.vec_env import BrokerVecEnv
 from tests.helpers import python_env
 from tests.scripts.reliability_common import Broker, RawPeer, broker, log_events, peer_errors, wait_until
@@ -163,6 +164,8 @@ def test_pending_bytes_limit_drops_a_peer_that_does_not_read(tmp_path: Path) -> 
         data = StepData({"obs": np.zeros((16, 1024), np.float32)}, np.zeros(16, np.float32), zeros, zeros)
         stepping = threading.Thread(target=_step_until_closed, args=(game, data, "big"), daemon=True)
         stepping.start()
+        # The game's first step must be in before the resets: asked for with no batch open, they only wait.
+        wait_until(lambda: fetch_status(b.address)["games"][0]["ticks"] >= 1, 10, "the game's first step")
         with RawPeer(b.address, rcvbuf=4096) as reader:
             reader.read_greeting()
             reader.send_message(Hello("trainer", PROTOCOL_VERSION, "slow", policy="big").to_wire())

@@ -232,6 +232,122 @@ def test_the_episode_end_questions_answer_as_numpy_does(data: st.DataObject) -> 
     assert NATIVE.ended_rows(terminated.astype(np.int8), truncated) is None  # not flags: numpy's way
 
 
+def _layouts() -> st.SearchStrategy[tuple[tuple[str, Any], ...]]:
+    from broker.protocol.spaces import BoxSpace, DiscreteAction, MultiDiscreteAction, MultiDiscreteSpace
+
+    space = st.one_of(
+        st.builds(BoxSpace, st.sampled_from([(), (3,), (2, 2)]), st.sampled_from(["float32", "float64", "uint8"])),
+        st.builds(DiscreteAction, st.integers(1, 4)),
+        st.builds(MultiDiscreteAction, st.sampled_from([(2,), (3, 2)])),
+        st.builds(MultiDiscreteSpace, st.sampled_from([(4, 1)])),
+    )
+    return st.lists(space, min_size=1, max_size=3).map(lambda spaces: tuple((f"k{i}", s) for i, s in enumerate(spaces)))
+
+
+def _arrays_for(layout: tuple[tuple[str, Any], ...], n: int, data: st.DataObject) -> dict[str, np.ndarray]:
+    from broker.protocol.arrays import DTYPES
+    from broker.protocol.spaces import value_bound
+
+    arrays = {}
+    for key, space in layout:
+        bound = value_bound(space)
+        high = 1 if bound is None else (bound if isinstance(bound, int) else min(bound))
+        values = data.draw(st.lists(st.integers(0, high), min_size=1, max_size=1))[0]  # high: one past the range
+        arrays[key] = np.full((n, *space.row_shape), values, DTYPES[space.wire_dtype])
+    spoil = data.draw(st.sampled_from(["none", "dtype", "rows", "nan", "order", "extra", "missing", "strided"]))
+    key = data.draw(st.sampled_from([k for k, _ in layout]))
+    if spoil == "dtype":
+        arrays[key] = arrays[key].astype(np.int64 if arrays[key].dtype.kind == "f" else np.float32)
+    elif spoil == "rows":
+        arrays[key] = arrays[key][: max(n - 1, 0)]
+    elif spoil == "nan" and arrays[key].dtype.kind == "f" and arrays[key].size:
+        arrays[key].flat[-1] = np.nan
+    elif spoil == "order":
+        arrays = dict(reversed(arrays.items()))
+    elif spoil == "extra":
+        arrays["extra"] = np.zeros(n, np.float32)
+    elif spoil == "missing":
+        del arrays[key]
+    elif spoil == "strided":
+        arrays[key] = np.repeat(arrays[key], 2, axis=0)[::2]
+    return arrays
+
+
+@settings(max_examples=600, deadline=None)
+@given(_layouts(), st.integers(0, 4), st.data())
+def test_rows_match_accepts_exactly_the_usual_case_of_what_check_rows_accepts(
+    layout: tuple[tuple[str, Any], ...], n: int, data: st.DataObject
+) -> None:
+    """The C check only ever accepts, and it accepts only what check_rows accepts: a refusal is always
+    check_rows' own (its code and words). What check_rows accepts in the announced key order, contiguous, the
+    C check accepts too, so that the usual step takes one call."""
+    from broker.protocol.spaces import check_layout, check_rows, rows_as_announced
+
+    arrays = _arrays_for(layout, n, data)
+    matched = NATIVE.rows_match(arrays, check_layout(layout), n)
+    assert matched in (True, None)
+    try:
+        check_rows(arrays, layout, n, "obs", ErrorCode.BAD_STEP)
+        accepted = True
+    except RemoteProtocolError as exc:
+        assert exc.code is ErrorCode.BAD_STEP
+        accepted = False
+    assert not matched or accepted
+    usual = list(arrays) == [k for k, _ in layout] and all(a.flags.c_contiguous for a in arrays.values())
+    if accepted and usual:
+        assert matched is True and rows_as_announced(arrays, check_layout(layout), n)
+
+
+def test_the_hub_checks_take_the_c_way_for_a_usual_step_and_act() -> None:
+    from broker.protocol import checks
+    from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
+
+    spaces = PolicySpaces((("obs", BoxSpace((4,))),), (("move", ContinuousAction(2)),))
+    flags = np.zeros(3, bool)
+    data = StepData({"obs": np.zeros((3, 4), np.float32)}, np.zeros(3, np.float32), flags, flags)
+    assert checks._as_announced(GameStep(0, {"p": data}), {"p": GroupSpec("p", 3, spaces)})
+    assert not checks._as_announced(GameStep(0, {"p": data}), {"p": GroupSpec("p", 2, spaces)})
+    act = TrainerAct(1, {"move": np.zeros((3, 2), np.float32)})
+    assert checks.check_actions(act, "p", spaces, 3) is act.actions  # already canonical: no copy, no new map
+    wide = TrainerAct(1, {"move": np.zeros((3, 2), np.float64)})
+    assert checks.check_actions(wide, "p", spaces, 3)["move"].dtype == np.float32  # the Python way casts
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([np.float32, np.float64, np.uint8, np.int32, np.bool_]),
+    st.lists(st.integers(0, 5), min_size=1, max_size=5),
+    st.sampled_from([(), (3,), (2, 3)]),
+    st.booleans(),
+)
+def test_stack_is_numpy_s_concatenate(dtype: Any, rows: list[int], row_shape: tuple[int, ...], read_only: bool) -> None:
+    rng = np.random.default_rng(len(rows))
+    parts = [(rng.random((n, *row_shape)) * 10).astype(dtype) for n in rows]
+    stacked = NATIVE.stack(parts, read_only)
+    expected = np.concatenate(parts)
+    assert stacked.dtype == expected.dtype and stacked.shape == expected.shape
+    assert np.array_equal(stacked, expected) and stacked.flags.writeable is not read_only
+    assert not any(np.shares_memory(stacked, p) for p in parts)
+    indexes = [np.arange(n, dtype=np.int32) for n in rows]
+    offsets = np.cumsum([0, *rows[:-1]]).tolist()
+    moved = NATIVE.stack_index(indexes, offsets)
+    assert moved.dtype == np.int32 and moved.tolist() == list(range(sum(rows)))
+
+
+def test_stack_leaves_what_it_does_not_take_to_numpy() -> None:
+    a = np.zeros((2, 3), np.float32)
+    assert NATIVE.stack([], False) is None
+    assert NATIVE.stack([a, a.astype(np.float64)], False) is None  # mixed dtypes: numpy decides how
+    assert NATIVE.stack([a, np.zeros((2, 4), np.float32)], False) is None  # rows differ: numpy words the error
+    assert NATIVE.stack([a, a[:, ::2]], False) is None  # not contiguous
+    assert NATIVE.stack([a, a.astype(a.dtype.newbyteorder(">"))], False) is None
+    assert NATIVE.stack([a, [1.0, 2.0, 3.0]], False) is None
+    index = np.zeros(2, np.int32)
+    assert NATIVE.stack_index([index], [0, 1]) is None  # an offset per part
+    assert NATIVE.stack_index([index.astype(np.int64)], [0]) is None
+    assert NATIVE.stack_index([np.full(1, 2**31 - 1, np.int32)], [1]) is None  # past int32: numpy's way
+
+
 def test_configure_refuses_message_classes_it_would_build_wrong() -> None:
     """The C way builds messages field by field; a class with other fields fails at configure, not later."""
     from dataclasses import dataclass

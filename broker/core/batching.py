@@ -10,6 +10,7 @@ import numpy as np
 from broker.protocol.checks import canonical_actions
 from broker.protocol.errors import ErrorCode, LocalProtocolError
 from broker.protocol.messages import StepData
+from broker.protocol.native import NATIVE
 from broker.protocol.spaces import PolicySpaces
 
 # What replaces an info the trainer's codec cannot carry: the row still arrives, and says why it has no info.
@@ -54,6 +55,24 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _stack(arrays: list[np.ndarray], read_only: bool) -> np.ndarray:
+    """The arrays one after another along their first axis (one C call for the usual contiguous parts)."""
+    stacked: np.ndarray | None = None if NATIVE is None else NATIVE.stack(arrays, read_only)
+    if stacked is None:
+        stacked = np.concatenate(arrays)
+        if read_only:
+            _frozen(stacked)
+    return stacked
+
+
+def _stack_index(indexes: list[np.ndarray], offsets: list[int]) -> np.ndarray:
+    """Each part's final rows moved by its offset, one after another, as int32."""
+    stacked: np.ndarray | None = None if NATIVE is None else NATIVE.stack_index(indexes, offsets)
+    if stacked is None:
+        stacked = np.concatenate([index + off for index, off in zip(indexes, offsets, strict=True)]).astype(np.int32)
+    return stacked
+
+
 def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySpaces) -> StepData:
     """Stack the slots' rows into one batch: one copy per key, no per-agent work. The parts were checked when
     they came in, so the batch is built unchecked.
@@ -74,21 +93,21 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
             dict(only.infos),
             frames,
         )
-    obs = {key: _frozen(np.concatenate([p.obs[key] for p in parts])) for key, _ in spaces.observation}
-    reward = np.concatenate([p.reward for p in parts])
-    terminated = np.concatenate([p.terminated for p in parts])
-    truncated = np.concatenate([p.truncated for p in parts])
+    obs = {key: _stack([p.obs[key] for p in parts], True) for key, _ in spaces.observation}
+    reward = _stack([p.reward for p in parts], False)
+    terminated = _stack([p.terminated for p in parts], False)
+    truncated = _stack([p.truncated for p in parts], False)
     frames = None
     if all(p.frames is not None for p in parts):
         frames = np.concatenate([p.frames for p in parts if p.frames is not None]).astype(np.int32)
-    finals = [
-        (p.final_index + off, p.final_obs)
+    final_parts = [
+        (p.final_index, p.final_obs, off)
         for p, off in zip(parts, offsets, strict=True)
         if p.final_index is not None and p.final_obs is not None and len(p.final_index)
     ]
     final_index = final_obs = None
-    if finals:
-        final_index = np.concatenate([f[0] for f in finals]).astype(np.int32)
-        final_obs = {key: _frozen(np.concatenate([f[1][key] for f in finals])) for key, _ in spaces.observation}
+    if final_parts:
+        final_index = _stack_index([f[0] for f in final_parts], [f[2] for f in final_parts])
+        final_obs = {key: _stack([f[1][key] for f in final_parts], True) for key, _ in spaces.observation}
     infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
     return StepData.unchecked(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

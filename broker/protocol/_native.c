@@ -25,6 +25,7 @@
 
 #define N_DTYPES 11
 #define MAX_NDIM_C 32
+#define MAX_NVEC_C 256 /* multi-discrete columns rows_match checks in C; wider goes the Python way */
 
 /* --- what configure() hands over: the one place of each fact stays in Python ------------------------- */
 
@@ -1056,6 +1057,176 @@ static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssi
     return infos;
 }
 
+/* --- the per-step checks and the batch's stacking: the common case in one call ---------------------- */
+
+/* A layout entry's values hold: every value of a float array finite; an int32 array's values in [0, n) for a
+ * discrete space (bound: an int) or in [0, nvec[column]) for a multi-discrete one (bound: a tuple); no value
+ * check for bound None. -1: not read here (the caller's Python way decides). */
+static int values_hold(PyArrayObject *a, PyObject *bound) {
+    npy_intp size = PyArray_SIZE(a);
+    int type = PyArray_TYPE(a);
+    if (type == NPY_FLOAT32) return bound == Py_None ? finite_f32(PyArray_DATA(a), size) : -1;
+    if (type == NPY_FLOAT64) return bound == Py_None ? finite_f64(PyArray_DATA(a), size) : -1;
+    if (bound == Py_None) return 1;
+    if (type != NPY_INT32) return -1;
+    const char *data = PyArray_DATA(a);
+    if (PyLong_CheckExact(bound)) {
+        long n = PyLong_AsLong(bound);
+        if (n == -1 && PyErr_Occurred()) return -1;
+        for (npy_intp i = 0; i < size; i++) {
+            int32_t v;
+            memcpy(&v, data + i * sizeof v, sizeof v);
+            if (v < 0 || v >= n) return 0;
+        }
+        return 1;
+    }
+    if (!PyTuple_CheckExact(bound) || PyArray_NDIM(a) != 2) return -1;
+    npy_intp columns = PyArray_DIMS(a)[1];
+    if (PyTuple_GET_SIZE(bound) != columns || columns > MAX_NVEC_C) return -1;
+    long nvec[MAX_NVEC_C];
+    for (npy_intp c = 0; c < columns; c++) {
+        nvec[c] = PyLong_AsLong(PyTuple_GET_ITEM(bound, c));
+        if (nvec[c] == -1 && PyErr_Occurred()) return -1;
+    }
+    for (npy_intp i = 0; i < size; i++) {
+        int32_t v;
+        memcpy(&v, data + i * sizeof v, sizeof v);
+        if (v < 0 || v >= nvec[i % columns]) return 0;
+    }
+    return 1;
+}
+
+/* rows_match(arrays, layout, n_rows) -> True, or None: spaces.check_rows' common case, decided in one call.
+ * ``layout`` is spaces.check_layout's tuple of (key, numpy dtype, row shape, bound). True when ``arrays`` (a dict)
+ * has exactly the layout's keys in its order, each a C-contiguous array of the key's dtype with n_rows rows of
+ * its row shape, whose values hold (values_hold). None for anything else, a refusal included: check_rows then
+ * decides and words it. */
+static PyObject *native_rows_match(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 3, "rows_match(arrays, layout, n_rows)")) return NULL;
+    PyObject *arrays = args[0], *layout = args[1];
+    Py_ssize_t n_rows = PyLong_AsSsize_t(args[2]);
+    if (n_rows == -1 && PyErr_Occurred()) return NULL;
+    if (!PyDict_CheckExact(arrays) || !PyTuple_CheckExact(layout)) Py_RETURN_NONE;
+    Py_ssize_t n_keys = PyTuple_GET_SIZE(layout);
+    if (PyDict_GET_SIZE(arrays) != n_keys) Py_RETURN_NONE;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    for (Py_ssize_t i = 0; i < n_keys; i++) {
+        PyObject *entry = PyTuple_GET_ITEM(layout, i);
+        if (!PyDict_Next(arrays, &pos, &key, &value) || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4)
+            Py_RETURN_NONE;
+        PyObject *want_key = PyTuple_GET_ITEM(entry, 0), *row_shape = PyTuple_GET_ITEM(entry, 2);
+        if (key != want_key && (!PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(want_key) ||
+                                PyUnicode_Compare(key, want_key) != 0))
+            Py_RETURN_NONE;
+        PyArray_Descr *want = (PyArray_Descr *)PyTuple_GET_ITEM(entry, 1);
+        if (!PyArray_CheckExact(value) || !PyArray_DescrCheck(want) || !PyTuple_CheckExact(row_shape)) Py_RETURN_NONE;
+        PyArrayObject *a = (PyArrayObject *)value;
+        if ((PyArray_DESCR(a) != want && !PyArray_EquivTypes(PyArray_DESCR(a), want)) || PyArray_ISBYTESWAPPED(a) ||
+            !PyArray_IS_C_CONTIGUOUS(a))
+            Py_RETURN_NONE;
+        Py_ssize_t row_ndim = PyTuple_GET_SIZE(row_shape);
+        if (PyArray_NDIM(a) != row_ndim + 1 || PyArray_DIMS(a)[0] != n_rows) Py_RETURN_NONE;
+        for (Py_ssize_t d = 0; d < row_ndim; d++) {
+            Py_ssize_t size = PyLong_AsSsize_t(PyTuple_GET_ITEM(row_shape, d));
+            if (size == -1 && PyErr_Occurred()) return NULL;
+            if (PyArray_DIMS(a)[d + 1] != size) Py_RETURN_NONE;
+        }
+        if (values_hold(a, PyTuple_GET_ITEM(entry, 3)) != 1) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+/* The arrays of a stack (a list of C-contiguous arrays of one dtype, in native byte order, with one row shape)
+ * and their total rows; -1 when they are not that. */
+static npy_intp stack_rows(PyObject *arrays) {
+    if (!PyList_CheckExact(arrays) || PyList_GET_SIZE(arrays) == 0) return -1;
+    PyArrayObject *first = (PyArrayObject *)PyList_GET_ITEM(arrays, 0);
+    if (!PyArray_CheckExact((PyObject *)first) || PyArray_NDIM(first) < 1) return -1;
+    int ndim = PyArray_NDIM(first);
+    npy_intp total = 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); i++) {
+        PyArrayObject *a = (PyArrayObject *)PyList_GET_ITEM(arrays, i);
+        if (!PyArray_CheckExact((PyObject *)a) || PyArray_NDIM(a) != ndim || !PyArray_IS_C_CONTIGUOUS(a) ||
+            PyArray_ISBYTESWAPPED(a) || PyArray_TYPE(a) != PyArray_TYPE(first) || PyArray_TYPE(a) == NPY_OBJECT ||
+            PyArray_ITEMSIZE(a) != PyArray_ITEMSIZE(first))
+            return -1;
+        for (int d = 1; d < ndim; d++)
+            if (PyArray_DIMS(a)[d] != PyArray_DIMS(first)[d]) return -1;
+        total += PyArray_DIMS(a)[0];
+    }
+    return total;
+}
+
+/* stack(arrays, read_only) -> ndarray, or None: the arrays one after another along their first axis, copied
+ * into one new array (read-only when asked: batching._frozen says why), as numpy's concatenate gives them. None
+ * for arrays stack_rows does not take (concatenate then). */
+static PyObject *native_stack(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 2, "stack(arrays, read_only)")) return NULL;
+    PyObject *arrays = args[0];
+    npy_intp total = stack_rows(arrays);
+    if (total < 0) Py_RETURN_NONE;
+    PyArrayObject *first = (PyArrayObject *)PyList_GET_ITEM(arrays, 0);
+    npy_intp dims[NPY_MAXDIMS];
+    int ndim = PyArray_NDIM(first);
+    memcpy(dims, PyArray_DIMS(first), ndim * sizeof dims[0]);
+    dims[0] = total;
+    PyArray_Descr *descr = PyArray_DESCR(first);
+    Py_INCREF(descr);
+    PyArrayObject *out = (PyArrayObject *)PyArray_NewFromDescr(&PyArray_Type, descr, ndim, dims, NULL, NULL, 0, NULL);
+    if (out == NULL) return NULL;
+    char *to = PyArray_DATA(out);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); i++) {
+        PyArrayObject *a = (PyArrayObject *)PyList_GET_ITEM(arrays, i);
+        npy_intp nbytes = PyArray_NBYTES(a);
+        if (nbytes) memcpy(to, PyArray_DATA(a), nbytes);
+        to += nbytes;
+    }
+    if (PyObject_IsTrue(args[1])) PyArray_CLEARFLAGS(out, NPY_ARRAY_WRITEABLE);
+    return (PyObject *)out;
+}
+
+/* stack_index(indexes, offsets) -> int32 ndarray, or None: each 1-d int32 array of row indexes plus its part's
+ * offset (a list of ints of the same length), one after another: a batch's final_index from its parts'. None
+ * for anything else (numpy's way then). */
+static PyObject *native_stack_index(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 2, "stack_index(indexes, offsets)")) return NULL;
+    PyObject *indexes = args[0], *offsets = args[1];
+    npy_intp total = stack_rows(indexes);
+    if (total < 0 || !PyList_CheckExact(offsets) || PyList_GET_SIZE(offsets) != PyList_GET_SIZE(indexes) ||
+        PyArray_TYPE((PyArrayObject *)PyList_GET_ITEM(indexes, 0)) != NPY_INT32 ||
+        PyArray_NDIM((PyArrayObject *)PyList_GET_ITEM(indexes, 0)) != 1)
+        Py_RETURN_NONE;
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(1, &total, NPY_INT32);
+    if (out == NULL) return NULL;
+    char *to = PyArray_DATA(out);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(indexes); i++) {
+        PyArrayObject *a = (PyArrayObject *)PyList_GET_ITEM(indexes, i);
+        long offset = PyLong_AsLong(PyList_GET_ITEM(offsets, i));
+        if ((offset == -1 && PyErr_Occurred()) || offset < 0 || offset > INT32_MAX) {
+            PyErr_Clear();
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        const char *from = PyArray_DATA(a);
+        for (npy_intp j = 0; j < PyArray_DIMS(a)[0]; j++) {
+            int32_t row;
+            memcpy(&row, from + j * sizeof row, sizeof row);
+            if ((int64_t)row + offset > INT32_MAX) {
+                Py_DECREF(out);
+                Py_RETURN_NONE;
+            }
+            row = (int32_t)(row + offset);
+            memcpy(to, &row, sizeof row);
+            to += sizeof row;
+        }
+    }
+    return (PyObject *)out;
+}
+
 /* --- configure ---------------------------------------------------------------------------------------- */
 
 /* configure(step_data, game_step, batch, act, actions, dtypes, limits): the message classes, the wire dtypes
@@ -1138,6 +1309,12 @@ static PyMethodDef methods[] = {
      "add_returns(returns, reward, terminated, truncated): the ended rows' returns; None: not read here."},
     {"step_infos", (PyCFunction)(void (*)(void))native_step_infos, METH_FASTCALL,
      "step_infos(terminated, truncated, frames): SB3's per-env info dicts of a step; None: not read here."},
+    {"rows_match", (PyCFunction)(void (*)(void))native_rows_match, METH_FASTCALL,
+     "rows_match(arrays, layout, n_rows): True when spaces.check_rows would accept them; None: not decided here."},
+    {"stack", (PyCFunction)(void (*)(void))native_stack, METH_FASTCALL,
+     "stack(arrays, read_only): the arrays concatenated along their first axis; None: not stacked here."},
+    {"stack_index", (PyCFunction)(void (*)(void))native_stack_index, METH_FASTCALL,
+     "stack_index(indexes, offsets): int32 row indexes plus each part's offset, concatenated; None: not here."},
     {"as_is", (PyCFunction)(void (*)(void))native_as_is, METH_FASTCALL,
      "as_is(terminated, truncated, final_index, final_obs): accumulate._as_is; None: not read here."},
     {NULL, NULL, 0, NULL},

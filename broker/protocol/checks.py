@@ -12,11 +12,13 @@ import numpy as np
 
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
 from broker.protocol.messages import GameStep, TrainerAct
-from broker.protocol.spaces import DTYPES, GroupSpec, PolicySpaces, check_rows
+from broker.protocol.spaces import DTYPES, GroupSpec, PolicySpaces, check_rows, rows_as_announced
 
 
 def check_step(step: GameStep, groups: Mapping[str, GroupSpec], who: str) -> None:
     """``step`` carries exactly the announced ``groups``, each with one row per agent of its spaces."""
+    if _as_announced(step, groups):
+        return
     if set(step.groups) != set(groups):
         raise RemoteProtocolError(
             ErrorCode.BAD_STEP, f"{who}: step has groups {sorted(step.groups)}, hello announced {sorted(groups)}"
@@ -32,8 +34,28 @@ def check_step(step: GameStep, groups: Mapping[str, GroupSpec], who: str) -> Non
             check_rows(data.final_obs, spec.spaces.observation, n_final, f"{what} final obs", ErrorCode.BAD_STEP)
 
 
+def _as_announced(step: GameStep, groups: Mapping[str, GroupSpec]) -> bool:
+    """The usual step, accepted in a C call per array map: exactly the announced groups, each with its agents'
+    rows. False: not decided here (check_step's checks decide)."""
+    if len(step.groups) != len(groups):
+        return False
+    for name, data in step.groups.items():
+        spec = groups.get(name)
+        if spec is None or len(data.reward) != spec.n_agents:
+            return False
+        layout = spec.spaces.observation_check
+        if not rows_as_announced(data.obs, layout, spec.n_agents):
+            return False
+        final_obs, index = data.final_obs, data.final_index
+        if final_obs is not None and index is not None and not rows_as_announced(final_obs, layout, len(index)):
+            return False
+    return True
+
+
 def check_actions(act: TrainerAct, policy: str, spaces: PolicySpaces, n_envs: int) -> dict[str, np.ndarray]:
     """The actions of ``act`` in their canonical wire dtypes, once every key, shape and value is right."""
+    if rows_as_announced(act.actions, spaces.action_check, n_envs):
+        return act.actions  # in their wire dtypes already: canonical_actions would hand each back as it is
     known = dict(spaces.action)
     unknown = sorted(set(act.actions) - set(known))
     if unknown:

@@ -11,7 +11,7 @@ Wire forms (keys of a group's ``observation_space`` / ``action_space`` maps keep
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -212,6 +212,14 @@ class PolicySpaces:
 
     observation: tuple[tuple[str, ObservationSpace], ...]
     action: tuple[tuple[str, ActionSpace], ...]
+    # Each layout as the C check reads it (check_layout), made once: every step's observations and every act's
+    # actions are checked against them.
+    observation_check: CheckLayout = field(init=False, repr=False, compare=False)
+    action_check: CheckLayout = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "observation_check", check_layout(self.observation))
+        object.__setattr__(self, "action_check", check_layout(self.action))
 
     def observation_wire(self) -> dict[str, Any]:
         return {key: space.to_wire() for key, space in self.observation}
@@ -279,6 +287,32 @@ class GroupSpec:
         return cls(policy, n_agents, spaces)
 
 
+def value_bound(space: ObservationSpace | ActionSpace) -> int | tuple[int, ...] | None:
+    """What a discrete space's values must stay below: ``n`` for every value, ``nvec`` per column; None for a
+    box or continuous space (finite floats are their one value rule)."""
+    if isinstance(space, (DiscreteAction, DiscreteSpace)):
+        return space.n
+    if isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace)):
+        return space.nvec
+    return None
+
+
+# Per key: its wire dtype, row shape and value bound, as _native.c's rows_match reads a layout.
+CheckLayout = tuple[tuple[str, np.dtype[Any], tuple[int, ...], int | tuple[int, ...] | None], ...]
+
+
+def check_layout(
+    layout: tuple[tuple[str, ObservationSpace], ...] | tuple[tuple[str, ActionSpace], ...],
+) -> CheckLayout:
+    return tuple((key, DTYPES[space.wire_dtype], space.row_shape, value_bound(space)) for key, space in layout)
+
+
+def rows_as_announced(arrays: dict[str, np.ndarray], layout: CheckLayout, n_rows: int) -> bool:
+    """Whether check_rows would accept ``arrays``, decided in one C call for the usual case (keys in the announced
+    order, contiguous arrays). False: not decided here; check_rows decides, and words any refusal."""
+    return _NATIVE is not None and _NATIVE.rows_match(arrays, layout, n_rows) is not None
+
+
 def check_finite(array: np.ndarray, what: str, code: ErrorCode) -> None:
     """The broker's one rule for NaN and infinities: refused in observations, rewards and continuous
     actions on every path (native and godot_rl JSON), since a trainer that learns from them diverges."""
@@ -310,12 +344,11 @@ def check_rows(
     for key, space in layout:
         array = arrays[key]
         shape = (n_rows, *space.row_shape)
-        if array.shape == shape and n_rows and array.dtype.kind in "iu":
-            if isinstance(space, (DiscreteAction, DiscreteSpace)) and (array.min() < 0 or array.max() >= space.n):
-                raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, {space.n})")
-            if isinstance(space, (MultiDiscreteAction, MultiDiscreteSpace)) and (
-                (array < 0).any() or (array >= np.asarray(space.nvec)).any()
-            ):
+        bound = value_bound(space)
+        if array.shape == shape and n_rows and array.dtype.kind in "iu" and bound is not None:
+            if isinstance(bound, int) and (array.min() < 0 or array.max() >= bound):
+                raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, {bound})")
+            if isinstance(bound, tuple) and ((array < 0).any() or (array >= np.asarray(bound)).any()):
                 raise RemoteProtocolError(code, f"{what}.{key}: values must lie in [0, nvec) per column")
         if array.shape != shape or array.dtype != DTYPES[space.wire_dtype]:
             raise RemoteProtocolError(

@@ -19,7 +19,8 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvO
 
 from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode
-from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerAct, TrainerReset, Waiting
+from broker.protocol.hot import new_act
+from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerReset, Waiting
 from broker.protocol.native import NATIVE
 from broker.protocol.ring import DEFAULT_RING_BYTES
 from clients.errors import BrokerError
@@ -203,7 +204,7 @@ class BrokerVecEnv(VecEnv):
         self.last_actions = actions  # SB3 hands over a fresh array every step: no copy
         try:
             # Unchecked: the codec's arrays are the wire's by construction, and the broker checks every shape.
-            self._link.send(TrainerAct.unchecked(self._open_step, self._codec.to_wire(actions), ""))
+            self._link.send(new_act(self._open_step, self._codec.to_wire(actions), ""))
         except BrokerError as exc:
             if not self._lost_broker(exc):
                 raise

@@ -348,6 +348,21 @@ def test_stack_leaves_what_it_does_not_take_to_numpy() -> None:
     assert NATIVE.stack_index([np.full(1, 2**31 - 1, np.int32)], [1]) is None  # past int32: numpy's way
 
 
+def test_the_per_step_messages_built_in_c_are_the_unchecked_constructors() -> None:
+    from broker.protocol.hot import new_act, new_batch, new_game_actions, new_step_data
+
+    obs, reward, flags = {"obs": np.zeros((2, 3), np.float32)}, np.zeros(2, np.float32), np.zeros(2, bool)
+    data = new_step_data(obs, reward, flags, flags, None, None, {}, None)
+    assert _same(data, StepData.unchecked(obs, reward, flags, flags))
+    assert _same(new_batch(4, data, "p"), Batch.unchecked(4, data, "p"))
+    assert _same(new_game_actions(5, {"p": obs}), GameActions.unchecked(5, {"p": obs}))
+    assert _same(new_act(6, obs, ""), TrainerAct.unchecked(6, obs, ""))
+    with pytest.raises(TypeError):
+        NATIVE.new(Batch, 4, data)  # every field given
+    with pytest.raises(TypeError):
+        NATIVE.new(dict, 4, data, "p")  # only the configured message classes
+
+
 def test_configure_refuses_message_classes_it_would_build_wrong() -> None:
     """The C way builds messages field by field; a class with other fields fails at configure, not later."""
     from dataclasses import dataclass

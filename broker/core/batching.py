@@ -9,6 +9,7 @@ import numpy as np
 
 from broker.protocol.checks import canonical_actions
 from broker.protocol.errors import ErrorCode, LocalProtocolError
+from broker.protocol.hot import new_step_data
 from broker.protocol.messages import StepData
 from broker.protocol.native import NATIVE
 from broker.protocol.spaces import PolicySpaces
@@ -83,7 +84,7 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
     if len(parts) == 1 and offsets[0] == 0:
         only = parts[0]
         frames = None if only.frames is None else only.frames.astype(np.int32, copy=False)
-        return StepData.unchecked(
+        return new_step_data(
             {key: only.obs[key] for key, _ in spaces.observation},
             only.reward,
             only.terminated,
@@ -110,4 +111,4 @@ def concatenate_rows(parts: list[StepData], offsets: list[int], spaces: PolicySp
         final_index = _stack_index([f[0] for f in final_parts], [f[2] for f in final_parts])
         final_obs = {key: _stack([f[1][key] for f in final_parts], True) for key, _ in spaces.observation}
     infos = {row + off: info for p, off in zip(parts, offsets, strict=True) for row, info in p.infos.items()}
-    return StepData.unchecked(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)
+    return new_step_data(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)

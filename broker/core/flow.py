@@ -24,10 +24,9 @@ from broker.core.sessions import GameSession, OpenBatch, PolicyState, Slot, Trai
 from broker.core.states import GameState, advance
 from broker.protocol.checks import check_actions, check_step
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
+from broker.protocol.hot import new_batch, new_game_actions
 from broker.protocol.messages import (
-    Batch,
     Error,
-    GameActions,
     GameStep,
     Hello,
     Message,
@@ -143,7 +142,7 @@ class Hub:
         log.error(
             "batch not encodable, infos dropped", policy=policy.name, trainer=peer.label, rows=rows[:16], games=games
         )
-        policy.open.batch = Batch.unchecked(step, data, policy.name if policy.sampled else "")
+        policy.open.batch = new_batch(step, data, policy.name if policy.sampled else "")
         policy.open.infos_dropped = True
         return [Send(peer, policy.open.batch)]
 
@@ -153,7 +152,11 @@ class Hub:
         return self.sessions.get(peer)
 
     def games_connected(self) -> int:
-        return len(self.slots) - [s.game for s in self.slots].count(None)
+        connected = 0
+        for slot in self.slots:  # asked on every step a round is not complete yet: no list built
+            if slot.game is not None:
+                connected += 1
+        return connected
 
     def stalls(self, min_wait_s: float = STALL_REPORT_S) -> dict[str, Stall]:
         """Policies that games have waited on, with no deadline, for ``min_wait_s`` or more."""
@@ -264,9 +267,12 @@ class Hub:
             game.policies[name].metrics.held_ticks += 1
         game.state = advance(game.state, "reply")
         game.last_reply_at = self.clock()
-        self.out.append(Send(game.peer, GameActions.unchecked(game.tick, groups)))  # checked actions, or zeros
+        self.out.append(Send(game.peer, new_game_actions(game.tick, groups)))  # checked actions, or zeros
         for name in groups:
-            self.try_emit(game.policies[name])
+            # A reply can complete a round only in hold mode (these actions are now applied): lock-step rounds
+            # need this game waiting for a reply, which it no longer is.
+            if game.policies[name].options.mode == "hold":
+                self.try_emit(game.policies[name])
 
     def _report_stalls(self) -> None:
         self.holding.stall_check_fired()
@@ -311,7 +317,7 @@ class Hub:
         policy.step += 1
         now = self.clock()
         # Unchecked: the rows were checked as they came in; a sampler's batches name their policy.
-        batch = Batch.unchecked(policy.step, data, policy.name if policy.sampled else "")
+        batch = new_batch(policy.step, data, policy.name if policy.sampled else "")
         policy.open = OpenBatch(batch, now, {s: self.slots[s].game for s in slots})  # type: ignore[misc]
         policy.last_obs = data.obs
         for s in slots:

@@ -1057,6 +1057,16 @@ static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssi
     return infos;
 }
 
+/* new(cls, *values) -> message: cls.unchecked(*values) for the step data and the per-step messages (every
+ * field given, in constructor order), without the Python frame. A TypeError for any other class or count. */
+static PyObject *native_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Layout *layouts[] = {&step_data_layout, &game_step_layout, &batch_layout, &act_layout, &actions_layout};
+    for (size_t j = 0; cfg.ready && nargs >= 1 && j < sizeof layouts / sizeof layouts[0]; j++)
+        if (args[0] == *layouts[j]->type && nargs - 1 == layouts[j]->n) return make(layouts[j], (PyObject **)args + 1);
+    PyErr_SetString(PyExc_TypeError, "new(cls, *values): a configured message class and every one of its fields");
+    return NULL;
+}
+
 /* --- the per-step checks and the batch's stacking: the common case in one call ---------------------- */
 
 /* A layout entry's values hold: every value of a float array finite; an int32 array's values in [0, n) for a
@@ -1309,6 +1319,8 @@ static PyMethodDef methods[] = {
      "add_returns(returns, reward, terminated, truncated): the ended rows' returns; None: not read here."},
     {"step_infos", (PyCFunction)(void (*)(void))native_step_infos, METH_FASTCALL,
      "step_infos(terminated, truncated, frames): SB3's per-env info dicts of a step; None: not read here."},
+    {"new", (PyCFunction)(void (*)(void))native_new, METH_FASTCALL,
+     "new(cls, *values): cls.unchecked(*values) for a configured message class, every field given."},
     {"rows_match", (PyCFunction)(void (*)(void))native_rows_match, METH_FASTCALL,
      "rows_match(arrays, layout, n_rows): True when spaces.check_rows would accept them; None: not decided here."},
     {"stack", (PyCFunction)(void (*)(void))native_stack, METH_FASTCALL,

@@ -70,6 +70,48 @@ def _configured_native() -> Any:
 _NATIVE: Final[Any] = _configured_native()
 
 
+# --- building the per-step messages ---------------------------------------------------------------------
+# The classes' ``unchecked`` constructors, made in C when the codec is in use: a lock-step builds several (a
+# batch's step data and the batch, a reply per game, an act), and the Python constructor is a frame each.
+
+
+def new_step_data(
+    obs: dict[str, np.ndarray],
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    final_index: np.ndarray | None,
+    final_obs: dict[str, np.ndarray] | None,
+    infos: dict[int, dict[str, Any]],
+    frames: np.ndarray | None,
+) -> StepData:
+    if _NATIVE is None:
+        return StepData.unchecked(obs, reward, terminated, truncated, final_index, final_obs, infos, frames)
+    data: StepData = _NATIVE.new(StepData, obs, reward, terminated, truncated, final_index, final_obs, infos, frames)
+    return data
+
+
+def new_batch(step: int, data: StepData, policy: str) -> Batch:
+    if _NATIVE is None:
+        return Batch.unchecked(step, data, policy)
+    batch: Batch = _NATIVE.new(Batch, step, data, policy)
+    return batch
+
+
+def new_game_actions(tick: int, groups: dict[str, dict[str, np.ndarray]]) -> GameActions:
+    if _NATIVE is None:
+        return GameActions.unchecked(tick, groups)
+    actions: GameActions = _NATIVE.new(GameActions, tick, groups)
+    return actions
+
+
+def new_act(step: int, actions: dict[str, np.ndarray], policy: str) -> TrainerAct:
+    if _NATIVE is None:
+        return TrainerAct.unchecked(step, actions, policy)
+    act: TrainerAct = _NATIVE.new(TrainerAct, step, actions, policy)
+    return act
+
+
 def decode_hot(body: bytes | memoryview) -> Message | None:
     """A step, batch, act or actions message from a msgpack body, or None when the body is none of those
     as this package writes them, or needs a check only the general way makes."""

@@ -342,6 +342,10 @@ def test_stack_leaves_what_it_does_not_take_to_numpy() -> None:
     assert NATIVE.stack([a, a[:, ::2]], False) is None  # not contiguous
     assert NATIVE.stack([a, a.astype(a.dtype.newbyteorder(">"))], False) is None
     assert NATIVE.stack([a, [1.0, 2.0, 3.0]], False) is None
+    with_refs = np.zeros(2, [("obs", np.float32), ("tag", object)])
+    assert NATIVE.stack([with_refs, with_refs], False) is None  # object references: numpy counts them
+    days, seconds = np.zeros(2, "datetime64[D]"), np.zeros(2, "datetime64[s]")
+    assert NATIVE.stack([days, seconds], False) is None  # one type number, two units: numpy converts
     index = np.zeros(2, np.int32)
     assert NATIVE.stack_index([index], [0, 1]) is None  # an offset per part
     assert NATIVE.stack_index([index.astype(np.int64)], [0]) is None

@@ -1151,7 +1151,8 @@ static PyObject *native_rows_match(PyObject *self, PyObject *const *args, Py_ssi
 }
 
 /* The arrays of a stack (a list of C-contiguous arrays of one dtype, in native byte order, with one row shape)
- * and their total rows; -1 when they are not that. */
+ * and their total rows; -1 when they are not that. A dtype holding object references is never copied byte for
+ * byte (its references would not be counted), nor are two dtypes numpy would convert between. */
 static npy_intp stack_rows(PyObject *arrays) {
     if (!PyList_CheckExact(arrays) || PyList_GET_SIZE(arrays) == 0) return -1;
     PyArrayObject *first = (PyArrayObject *)PyList_GET_ITEM(arrays, 0);
@@ -1161,8 +1162,8 @@ static npy_intp stack_rows(PyObject *arrays) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arrays); i++) {
         PyArrayObject *a = (PyArrayObject *)PyList_GET_ITEM(arrays, i);
         if (!PyArray_CheckExact((PyObject *)a) || PyArray_NDIM(a) != ndim || !PyArray_IS_C_CONTIGUOUS(a) ||
-            PyArray_ISBYTESWAPPED(a) || PyArray_TYPE(a) != PyArray_TYPE(first) || PyArray_TYPE(a) == NPY_OBJECT ||
-            PyArray_ITEMSIZE(a) != PyArray_ITEMSIZE(first))
+            PyArray_ISBYTESWAPPED(a) || !PyArray_EquivTypes(PyArray_DESCR(a), PyArray_DESCR(first)) ||
+            PyDataType_REFCHK(PyArray_DESCR(a)))
             return -1;
         for (int d = 1; d < ndim; d++)
             if (PyArray_DIMS(a)[d] != PyArray_DIMS(first)[d]) return -1;

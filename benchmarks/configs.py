@@ -34,7 +34,15 @@ BROKER_MODES: Final = (
     "broker_variant",
     "inprocess",
 )
-MODES: Final = (*GODOT_RL_MODES, "godot_rl_emulator", *BROKER_MODES, "raw", "relay", "relay_asyncio")
+MODES: Final = (
+    *GODOT_RL_MODES,
+    "godot_rl_emulator",
+    *BROKER_MODES,
+    "raw",
+    "relay",
+    "relay_asyncio",
+    "inprocess_ceiling",
+)
 # Not run by default: the old baseline, the asyncio relay (a diagnosis: what the event loop costs), the
 # Variant codec (what an addon game's bodies cost the broker) and godot_rl's scripts dialed by the broker (the
 # migration guide's path B); asked for by name.
@@ -55,6 +63,7 @@ MODE_TITLES: Final = {
     "raw": "(e) raw one-hop ceiling",
     "relay": "(f) two-hop ceiling: raw frames through a relay that does nothing else",
     "relay_asyncio": "(f') two-hop ceiling through a uvloop asyncio relay: an asyncio broker's least cost",
+    "inprocess_ceiling": "(g) in-process ceiling: a relay thread and a raw trainer thread per policy, one process",
 }
 
 

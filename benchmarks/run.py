@@ -22,7 +22,9 @@ trainer process, one InProcessBroker.vec_env thread per policy, games over TCP; 
 and the games exchanging the same msgpack bytes directly (the one-hop ceiling); (f) ``relay``: the same frames
 through benchmarks/relay.py, which forwards them and does nothing else (the two-hop ceiling, the limit of any
 broker); (f') ``relay_asyncio`` (not run by default): the same relay on a uvloop event loop, as the broker's server
-reads and writes (what an asyncio broker costs at least).
+reads and writes (what an asyncio broker costs at least); (g) ``inprocess_ceiling`` (several policies only): one
+process, a relay thread and a raw trainer thread per policy handing frames over in memory under one interpreter lock
+(benchmarks/inprocess_ceiling.py), the least any broker in the trainers' process does.
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """
@@ -290,6 +292,22 @@ class Run:
                 game_args = [str(port), "--config", config_json, "--game-index", str(i)]
                 self.spawn(f"game-{i}", [py, "-m", *game, *game_args])
             return 1
+        if self.mode == "inprocess_ceiling":  # the in-process mode's ceiling: games connect raw, no hello
+            ceiling = self.spawn(
+                "trainer", [py, "-m", "benchmarks.inprocess_ceiling", "--config", config_json, *timing]
+            )
+            _, ready = self.wait_event(deadline)
+            ceiling.tid = int(ready["broker_tid"])
+            ceiling.role = "trainer+broker"
+            game = (
+                ["benchmarks.lean_game", "--raw-port"]
+                if _native_game[0] == "lean"
+                else ["benchmarks.raw", "game", "--port"]
+            )
+            for i in range(self.config.games):
+                game_args = [str(ready["port"]), "--config", config_json, "--game-index", str(i)]
+                self.spawn(f"game-{i}", [py, "-m", *game, *game_args])
+            return self.config.policies
         if self.mode == "inprocess":
             trainer = self.spawn(
                 "trainer", [py, "-m", "benchmarks.trainers", "inprocess", "--config", config_json, *timing]
@@ -528,12 +546,17 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
     }
 
 
-RATIO_BASES = ("godot_rl", "raw", "relay", "godot_rl_emulator")
+RATIO_BASES = ("godot_rl", "raw", "relay", "inprocess_ceiling", "godot_rl_emulator")
+
+
+# Modes measured only with several policies: with one, godot_rl's two ways are the same processes, and the
+# in-process broker runs its loop on the trainer's own thread (one hop), so its ceiling is the raw one.
+SEVERAL_POLICIES_ONLY = ("godot_rl_one_env", "inprocess_ceiling")
 
 
 def modes_for(config: BenchConfig, modes: list[str]) -> list[str]:
-    """The modes a configuration is measured in: with one policy, godot_rl's two ways are the same processes."""
-    return [m for m in modes if not (m == "godot_rl_one_env" and config.policies == 1)]
+    """The modes a configuration is measured in (SEVERAL_POLICIES_ONLY)."""
+    return [m for m in modes if not (m in SEVERAL_POLICIES_ONLY and config.policies == 1)]
 
 
 def _base_value(by_mode: dict[str, dict[str, Any]], base: str) -> float | None:
@@ -595,11 +618,13 @@ TARGETS = (
 
 
 def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every target, met or missed; beside it what the two-hop ceiling reaches against the same baseline."""
+    """Every target, met or missed; beside it what the two-hop ceiling reaches against the same baseline, and for
+    an in-process target with several policies what the in-process ceiling reaches (one interpreter lock)."""
     out = []
     for config, mode, base, goal in TARGETS:
         row = _find(summary, config, mode)
         relay = _find(summary, config, "relay")
+        ceiling = _find(summary, config, "inprocess_ceiling") if mode == "inprocess" else None
         ratio = row.get(f"x_{base}") if row else None
         out.append(
             {
@@ -610,6 +635,7 @@ def targets(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "ratio": ratio,
                 "met": None if ratio is None else ratio >= goal,
                 "relay_ratio": relay.get(f"x_{base}") if relay and base != "relay" else None,
+                "inprocess_ceiling_ratio": ceiling.get(f"x_{base}") if ceiling else None,
                 "cpu_us_per_agent_step": row["cpu_us_per_agent_step"] if row else None,
             }
         )
@@ -655,6 +681,7 @@ COLUMNS: tuple[tuple[str, Any, str], ...] = (
     ("x godot_rl", lambda r: r.get("x_godot_rl"), "{:.2f}"),
     ("x raw", lambda r: r.get("x_raw"), "{:.2f}"),
     ("x relay", lambda r: r.get("x_relay"), "{:.2f}"),
+    ("x in-process ceiling", lambda r: r.get("x_inprocess_ceiling"), "{:.2f}"),
     ("mean ms", lambda r: r["latency_mean_ms"], "{:.3f}"),
     ("p99 ms", lambda r: r["latency_p99_ms"], "{:.3f}"),
     ("CPU us/step", lambda r: r["cpu_us_per_step_total"], "{:,.0f}"),
@@ -699,6 +726,8 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         text = f"{ratio} {t['against']} (>= {t['goal']}x: {verdict})"
         if t["relay_ratio"] is not None:
             text += f", two-hop ceiling {t['relay_ratio']:.2f}x"
+        if t.get("inprocess_ceiling_ratio") is not None:
+            text += f", in-process ceiling {t['inprocess_ceiling_ratio']:.2f}x"
         if t["cpu_us_per_agent_step"] is not None:
             text += f", CPU {micros(t['cpu_us_per_agent_step']['total'])} us/agent-step"
         cells.setdefault(t["config"], {}).setdefault(t["mode"], []).append(text)

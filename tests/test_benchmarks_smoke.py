@@ -24,6 +24,7 @@ import pytest
 
 from benchmarks.configs import (
     ACTION_KEY,
+    ACTION_SIZE,
     BROKER_MODES,
     DEFAULT_MODES,
     GODOT_RL_MODES,
@@ -35,9 +36,10 @@ from benchmarks.configs import (
     BenchConfig,
     BenchWorld,
 )
+from benchmarks.inprocess_ceiling import Ceiling
 from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
-from benchmarks.raw import HEADER, check_same_bytes, connect_retry, step_frame
+from benchmarks.raw import HEADER, FrameReader, _view, check_same_bytes, connect_retry, step_frame
 from benchmarks.relay import Forwarder, run_asyncio
 from benchmarks.run import modes_for
 from broker import compiled
@@ -47,7 +49,9 @@ from clients.plugin_emulator import EmulatorConfig, PluginEmulator, PolicyGroup
 from tests.godot_engine import require_godot
 from tests.helpers import ROOT, python_env, spawn_python
 
-MIDDLE_MODES = (*BROKER_MODES, "relay", "relay_asyncio")  # a process between game and trainer
+# a process (or, in-process, a thread) between game and trainer
+MIDDLE_MODES = (*BROKER_MODES, "relay", "relay_asyncio", "inprocess_ceiling")
+PER_POLICY_MODES = (*BROKER_MODES, "inprocess_ceiling", "godot_rl_per_policy")  # one trainer per policy
 
 
 def run_benchmark(module: str, *args: str, timeout: float) -> str:
@@ -73,6 +77,42 @@ def test_raw_ceiling_sends_the_protocols_own_step_bytes() -> None:
         frames.add(len(step_frame(world)))
         world.apply({name: {ACTION_KEY: np.full((3, 2), tick / 60, np.float32)} for name in ("p0", "p1")})
     assert len(frames) > 1  # some steps carried final observations
+
+
+def test_inprocess_ceiling_hands_each_policy_its_groups_and_answers_every_game() -> None:
+    """The in-process ceiling's relay thread reads every game's step, hands each policy's trainer its groups of
+    every game (here the test takes them from the inboxes, as the trainer threads would) and, once every policy
+    has answered, writes each game one actions frame carrying every policy's actions."""
+    config = BenchConfig(3, "vec8", 2, 2)
+    ceiling = Ceiling(config, warmup_s=0.0, measure_s=1.0)
+    relay = threading.Thread(target=ceiling.relay, daemon=True)
+    relay.start()
+    worlds = [BenchWorld(config, game_index=i) for i in range(config.games)]
+    games = [connect_retry(ceiling.port) for _ in worlds]
+    try:
+        for tick in range(3):
+            for game, world in zip(games, worlds, strict=True):
+                game.sendall(step_frame(world))
+            for name in config.policy_names:
+                groups = ceiling.inboxes[name].get(timeout=10)
+                sent = sorted(w.step_data()[name].obs["obs"].tobytes() for w in worlds)
+                assert sorted(_view(g["obs"]["obs"]).tobytes() for g in groups) == sent, (tick, name)
+                ceiling.answers.put((name, ceiling.actions[name]))
+            for game, world in zip(games, worlds, strict=True):
+                game.settimeout(10)
+                answer = FrameReader(game).read()
+                assert answer["type"] == "actions" and answer["tick"] == tick
+                assert set(answer["groups"]) == set(config.policy_names)
+                for name, group in answer["groups"].items():
+                    actions = _view(group[ACTION_KEY])
+                    assert actions.shape == (config.agents, ACTION_SIZE)
+                    assert np.array_equal(actions, ceiling.actions[name])
+                world.apply({name: {ACTION_KEY: _view(g[ACTION_KEY])} for name, g in answer["groups"].items()})
+    finally:
+        for game in games:
+            game.close()
+    relay.join(timeout=10)
+    assert not relay.is_alive()  # the games gone end the relay
 
 
 @pytest.mark.parametrize("codec", [BodyKind.MSGPACK, BodyKind.GODOT])
@@ -353,7 +393,7 @@ def test_preset_measures_every_mode_and_configuration(tmp_path: Path, preset_nam
         assert row["agent_steps_per_s"] > 0 and row["steps_per_s"] > 0, what
         assert row["latency_mean_ms"] > 0 and row["latency_p99_ms"] > 0, what
         assert row["game_bytes_per_step"] > 0 and row["cpu_us_per_step_total"] > 0, what
-        per_policy = row["mode"] in BROKER_MODES or row["mode"] == "godot_rl_per_policy"
+        per_policy = row["mode"] in PER_POLICY_MODES
         assert row["trainers"] == (row["config"]["policies"] if per_policy else 1), what
         cpu = row["cpu_us_per_agent_step"]  # every process's CPU per agent-step, by kind
         assert cpu["game"] > 0 and cpu["trainers"] > 0, what

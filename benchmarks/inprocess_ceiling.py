@@ -32,22 +32,13 @@ import numpy as np
 
 from benchmarks.configs import ACTION_SIZE, MIN_STEPS, BenchConfig
 from benchmarks.measure import Meter, emit
-from benchmarks.raw import SPIN_WAIT_S, FrameReader, _view, actions_frame
+from benchmarks.raw import SPIN_WAIT_S, FrameReader, actions_frame, decode_group
 
 
 def _policy_views(groups: list[dict[str, Any]]) -> None:
     """A policy's part of every game's step as arrays: the raw trainer's work on it (benchmarks/raw.py)."""
     for group in groups:
-        for wire in group["obs"].values():
-            _view(wire)
-        _view(group["reward"])
-        _view(group["terminated"])
-        _view(group["truncated"])
-        final = group.get("final")
-        if final is not None:
-            _view(final["index"])
-            for wire in final["obs"].values():
-                _view(wire)
+        decode_group(group)
 
 
 class Ceiling:

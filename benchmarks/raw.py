@@ -220,16 +220,21 @@ def run_trainer(port: int, config: BenchConfig, warmup_s: float, measure_s: floa
 
 def _decode_step(message: dict[str, Any]) -> None:
     for group in message["groups"].values():
-        for wire in group["obs"].values():
+        decode_group(group)
+
+
+def decode_group(group: dict[str, Any]) -> None:
+    """One group of a step as arrays (views of the frame): the raw trainer's work on it."""
+    for wire in group["obs"].values():
+        _view(wire)
+    _view(group["reward"])
+    _view(group["terminated"])
+    _view(group["truncated"])
+    final = group.get("final")
+    if final is not None:
+        _view(final["index"])
+        for wire in final["obs"].values():
             _view(wire)
-        _view(group["reward"])
-        _view(group["terminated"])
-        _view(group["truncated"])
-        final = group.get("final")
-        if final is not None:
-            _view(final["index"])
-            for wire in final["obs"].values():
-                _view(wire)
 
 
 def main() -> None:

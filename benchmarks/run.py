@@ -283,14 +283,7 @@ class Run:
                 relay_args += ["--asyncio"] if self.mode == "relay_asyncio" else []
                 self.spawn("relay", [py, "-m", "benchmarks.relay", *relay_args])
                 self.wait_event(deadline)
-            game = (
-                ["benchmarks.lean_game", "--raw-port"]
-                if _native_game[0] == "lean"
-                else ["benchmarks.raw", "game", "--port"]
-            )
-            for i in range(self.config.games):
-                game_args = [str(port), "--config", config_json, "--game-index", str(i)]
-                self.spawn(f"game-{i}", [py, "-m", *game, *game_args])
+            self._spawn_raw_games(port, config_json)
             return 1
         if self.mode == "inprocess_ceiling":  # the in-process mode's ceiling: games connect raw, no hello
             ceiling = self.spawn(
@@ -299,14 +292,7 @@ class Run:
             _, ready = self.wait_event(deadline)
             ceiling.tid = int(ready["broker_tid"])
             ceiling.role = "trainer+broker"
-            game = (
-                ["benchmarks.lean_game", "--raw-port"]
-                if _native_game[0] == "lean"
-                else ["benchmarks.raw", "game", "--port"]
-            )
-            for i in range(self.config.games):
-                game_args = [str(ready["port"]), "--config", config_json, "--game-index", str(i)]
-                self.spawn(f"game-{i}", [py, "-m", *game, *game_args])
+            self._spawn_raw_games(int(ready["port"]), config_json)
             return self.config.policies
         if self.mode == "inprocess":
             trainer = self.spawn(
@@ -379,6 +365,17 @@ class Run:
             args += [*(["--split"] if split else []), *_lean_game_flags]
             self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args])
         return len(servers)
+
+    def _spawn_raw_games(self, port: int, config_json: str) -> None:
+        """The ceilings' games: the same step frames, no hello (raw, relay, in-process ceiling)."""
+        game = (
+            ["benchmarks.lean_game", "--raw-port"]
+            if _native_game[0] == "lean"
+            else ["benchmarks.raw", "game", "--port"]
+        )
+        for i in range(self.config.games):
+            game_args = [str(port), "--config", config_json, "--game-index", str(i)]
+            self.spawn(f"game-{i}", [sys.executable, "-m", *game, *game_args])
 
     def _spawn_games(self, address: str, config_json: str, *flags: str) -> None:
         for i in range(self.config.games):
@@ -726,7 +723,7 @@ def targets_table(result: dict[str, Any]) -> list[str]:
         text = f"{ratio} {t['against']} (>= {t['goal']}x: {verdict})"
         if t["relay_ratio"] is not None:
             text += f", two-hop ceiling {t['relay_ratio']:.2f}x"
-        if t.get("inprocess_ceiling_ratio") is not None:
+        if t["inprocess_ceiling_ratio"] is not None:
             text += f", in-process ceiling {t['inprocess_ceiling_ratio']:.2f}x"
         if t["cpu_us_per_agent_step"] is not None:
             text += f", CPU {micros(t['cpu_us_per_agent_step']['total'])} us/agent-step"

@@ -13,6 +13,11 @@ in-process target above it cannot be reached by any broker with a trainer thread
 With one policy the in-process broker runs its loop on the trainer's own thread (one hop), and its ceiling is
 the raw one: this mode is measured with several policies only (benchmarks/run.py, ``SEVERAL_POLICIES_ONLY``).
 
+Its threads share one interpreter lock and take turns, so they run on one core (``one_core``; Linux, with more
+than one core allowed): across cores every turn is a wake-up across them and the lock handed over, and an idle
+core pulls a preempted thread to itself. Measured on 2 cores: 1.31x to 1.34x faster pinned than free, with 4
+games and with 400 agents (docs/performance.md, "Session 28"). A ceiling runs its best way.
+
 Its ready event names the relay thread (``broker_tid``), so the orchestrator counts that thread's CPU as the
 middle's and the rest of the process as the trainers', as for ``inprocess``.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import queue
 import socket
 import threading
@@ -111,7 +117,20 @@ class Ceiling:
             meter.record(started, time.perf_counter())
 
 
+def one_core() -> int | None:
+    """Hold this process (and the threads it starts) to its highest allowed core; the core, or None where it
+    cannot be pinned or has one core only."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2:
+        return None
+    os.sched_setaffinity(0, {max(allowed)})
+    return max(allowed)
+
+
 def run(config: BenchConfig, warmup_s: float, measure_s: float) -> None:
+    one_core()  # before the threads start: they inherit it
     ceiling = Ceiling(config, warmup_s, measure_s)
     relay = threading.Thread(target=ceiling.relay, name="relay", daemon=True)
     relay.start()

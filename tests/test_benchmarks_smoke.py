@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -113,6 +114,30 @@ def test_inprocess_ceiling_hands_each_policy_its_groups_and_answers_every_game()
             game.close()
     relay.join(timeout=10)
     assert not relay.is_alive()  # the games gone end the relay
+
+
+def test_inprocess_ceiling_runs_its_threads_on_one_core() -> None:
+    """The in-process ceiling holds its process to one core before its threads start, so they inherit it (run
+    in a child: the test's own process keeps its cores)."""
+    probe = (
+        "import json, os, threading\n"
+        "from benchmarks.inprocess_ceiling import one_core\n"
+        "allowed = sorted(os.sched_getaffinity(0))\n"
+        "core = one_core()\n"
+        "seen = {}\n"
+        "thread = threading.Thread(target=lambda: seen.update(thread=sorted(os.sched_getaffinity(0))))\n"
+        "thread.start(); thread.join()\n"
+        "print(json.dumps({'allowed': allowed, 'core': core, 'process': sorted(os.sched_getaffinity(0)), **seen}))\n"
+    )
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no thread affinity on this platform")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    report = json.loads(done.stdout)
+    if len(report["allowed"]) < 2:
+        assert report["core"] is None and report["process"] == report["allowed"]
+        return
+    assert report["core"] == max(report["allowed"])
+    assert report["process"] == [report["core"]] and report["thread"] == [report["core"]]
 
 
 @pytest.mark.parametrize("codec", [BodyKind.MSGPACK, BodyKind.GODOT])

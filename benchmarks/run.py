@@ -23,8 +23,8 @@ and the games exchanging the same msgpack bytes directly (the one-hop ceiling); 
 through benchmarks/relay.py, which forwards them and does nothing else (the two-hop ceiling, the limit of any
 broker); (f') ``relay_asyncio`` (not run by default): the same relay on a uvloop event loop, as the broker's server
 reads and writes (what an asyncio broker costs at least); (g) ``inprocess_ceiling`` (several policies only): one
-process, a relay thread and a raw trainer thread per policy handing frames over in memory under one interpreter lock
-(benchmarks/inprocess_ceiling.py), the least any broker in the trainers' process does.
+process held to one core, a relay thread and a raw trainer thread per policy handing frames over in memory under
+one interpreter lock (benchmarks/inprocess_ceiling.py), the least any broker in the trainers' process does.
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
 """

@@ -125,8 +125,9 @@ def one_core() -> int | None:
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2:
         return None
-    os.sched_setaffinity(0, {max(allowed)})
-    return max(allowed)
+    core = max(allowed)
+    os.sched_setaffinity(0, {core})
+    return core
 
 
 def run(config: BenchConfig, warmup_s: float, measure_s: float) -> None:

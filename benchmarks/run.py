@@ -27,6 +27,10 @@ process held to one core, a relay thread and a raw trainer thread per policy han
 one interpreter lock (benchmarks/inprocess_ceiling.py), the least any broker in the trainers' process does.
 
 Every number is measured in this invocation; only ratios between modes are meaningful on a shared machine.
+
+``--idle-poll`` runs every mode with the machine's idle cores polling instead of halting (benchmarks/idle.py: a
+wake-up into a halted vCPU is a round trip through the host on this VM, and sleeping readers pay it); the JSON's
+``machine`` says how the cores waited, and how often they halted and polled during the run, either way.
 """
 
 from __future__ import annotations
@@ -68,6 +72,7 @@ from benchmarks.configs import (
     BenchConfig,
     Preset,
 )
+from benchmarks.idle import IdlePollingUnavailable, entries_between, hold_idle_polling, idle_state
 from benchmarks.measure import ProcSample, interpolate, sample_process
 from broker.tuning import DEFAULT_MMAP_THRESHOLD, DEFAULT_TRIM_THRESHOLD
 
@@ -523,6 +528,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
                     shutil.rmtree(workdir, ignore_errors=True)
                 runs.append(record)
     summary = summarize(runs, preset.configs, modes)
+    machine_after = machine_info()
     return {
         "preset": preset_name,
         "modes": modes,
@@ -535,7 +541,11 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "warmup_s": preset.warmup_s,
         "measure_s": preset.measure_s,
         "duration_s": time.monotonic() - started,
-        "machine": {"before": machine_before, "after": machine_info()},
+        "machine": {
+            "before": machine_before,
+            "after": machine_after,
+            "idle_entries_during_run": entries_between(machine_before["idle"], machine_after["idle"]),
+        },
         "summary": summary,
         "godot_rl_baselines": godot_rl_baselines(summary, preset.configs),
         "targets": targets(summary),
@@ -660,6 +670,7 @@ def machine_info() -> dict[str, Any]:
         "numpy": np.__version__,
         "msgpack": ".".join(map(str, msgpack.version)),
         "platform": platform.platform(),
+        "idle": idle_state(),
     }
     with contextlib.suppress(Exception):
         from importlib.metadata import version
@@ -736,6 +747,16 @@ def targets_table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def idle_line(result: dict[str, Any]) -> str:
+    """How the idle cores waited during the run: what decides the price of every wake-up (benchmarks/idle.py)."""
+    machine = result.get("machine", {})
+    entries = machine.get("idle_entries_during_run", {})
+    way = "held polling (--idle-poll)" if result.get("idle_poll") else "as the machine has them"
+    counts = ", ".join(f"{name} {count:,}" for name, count in entries.items()) or "not readable"
+    driver = machine.get("before", {}).get("idle", {}).get("driver")
+    return f"idle cores: {way}; driver {driver}; idle-state entries during the run: {counts}"
+
+
 def format_table(result: dict[str, Any]) -> str:
     header = ["configuration", "mode", *(name for name, _, _ in COLUMNS)]
     rows = [_cells(row) for row in result["summary"]]
@@ -753,6 +774,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines += ["", "targets:", *(targets_table(result) if _measured_targets(result) else ["(none measured)"])]
     lines += ["", "godot_rl baseline (the faster way):"]
     lines += [f"  {b['config']:<34} {b['faster']}" for b in result["godot_rl_baselines"]]
+    lines += ["", idle_line(result)]
     failed = [r for r in result["runs"] if "error" in r]
     if failed:
         lines.append(
@@ -766,7 +788,7 @@ def format_markdown(result: dict[str, Any]) -> str:
     header = ["configuration", "mode", *(name for name, _, _ in COLUMNS)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * 2 + "---:|" * len(COLUMNS)]
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in result["summary"]]
-    lines += ["", *targets_table(result)]
+    lines += ["", *targets_table(result), "", idle_line(result)]
     return "\n".join(lines)
 
 
@@ -813,6 +835,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the native modes' game steps a world that reacts to the actions (bench_game.py, raw.py) instead of "
         "sending prepared frames (lean_game.py, as lean as the plugin game)",
     )
+    parser.add_argument(
+        "--idle-poll",
+        action="store_true",
+        help="hold every idle core polling instead of halting for the whole run (the CPU latency QoS device at "
+        "0 us; needs root): how a machine whose idle cores wake fast behaves, for every mode alike",
+    )
     args = parser.parse_args(argv)
     if args.world_game:
         _native_game[0] = "world"
@@ -833,7 +861,12 @@ def main(argv: list[str] | None = None) -> int:
     repeats = {c: args.repeats for c in configs} if args.repeats else {c: preset.repeats.get(c, 1) for c in configs}
     preset = Preset(configs, preset.warmup_s, args.measure or preset.measure_s, repeats)
     print(f"preset {args.preset}: {len(configs)} configurations x {len(modes)} modes", flush=True)
-    result = run_preset(args.preset, preset, modes, args.timeout, sys.stdout)
+    try:
+        with hold_idle_polling() if args.idle_poll else contextlib.nullcontext():
+            result = run_preset(args.preset, preset, modes, args.timeout, sys.stdout)
+    except IdlePollingUnavailable as exc:
+        parser.error(str(exc))
+    result["idle_poll"] = args.idle_poll
     print()
     print(format_table(result))
     print(f"\n{result['duration_s']:.0f} s in all")

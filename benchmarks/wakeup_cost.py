@@ -13,17 +13,24 @@ through the raw ceiling's ``recv_exactly``) and message size, a forked reader ta
 answers one byte; the writer times its own ``sendall`` with
 ``time.thread_time`` (user and kernel CPU of this thread). Prints the mean per send over the rounds (what adds
 up in a process's CPU), and the median round trip. One process pair at a time, on an otherwise idle machine.
+
+    python -m benchmarks.wakeup_cost --idle-poll      (the same with every idle core polling, benchmarks/idle.py)
+
+On this VM an idle vCPU halts at once, and a wake-up into a halted one is a round trip through the host: with
+``--idle-poll`` the idle cores poll instead, and what is left is the wake-up's own cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import socket
 import statistics
 import time
 from collections.abc import Iterator
 
+from benchmarks.idle import IdlePollingUnavailable, hold_idle_polling, idle_state
 from benchmarks.raw import new_spin_wait, recv_exactly
 
 TRANSPORTS = ("tcp", "unix")
@@ -91,13 +98,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20000)
     parser.add_argument("--sizes", default="80,102400", help="message sizes in bytes, comma-separated")
+    parser.add_argument("--idle-poll", action="store_true", help="idle cores poll instead of halting (needs root)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    print("| transport | reader | bytes | writer CPU per send, us | round trip, us |")
-    print("|---|---|---:|---:|---:|")
-    for transport, reader, size in cases(sizes):
-        send_us, trip_us = measure(transport, reader, size, args.rounds)
-        print(f"| {transport} | {reader} | {size:,} | {send_us:.1f} | {trip_us:.1f} |", flush=True)
+    try:
+        with hold_idle_polling() if args.idle_poll else contextlib.nullcontext():
+            state = idle_state()
+            print(f"idle cores: driver {state['driver']}, latency request {state['qos_latency_us']} us")
+            print("| transport | reader | bytes | writer CPU per send, us | round trip, us |")
+            print("|---|---|---:|---:|---:|")
+            for transport, reader, size in cases(sizes):
+                send_us, trip_us = measure(transport, reader, size, args.rounds)
+                print(f"| {transport} | {reader} | {size:,} | {send_us:.1f} | {trip_us:.1f} |", flush=True)
+    except IdlePollingUnavailable as exc:
+        parser.error(str(exc))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,14 @@ from benchmarks.configs import (
     BenchConfig,
     BenchWorld,
 )
+from benchmarks.idle import (
+    QOS_DEVICE,
+    IdlePollingUnavailable,
+    entries_between,
+    hold_idle_polling,
+    idle_state,
+    qos_latency_us,
+)
 from benchmarks.inprocess_ceiling import Ceiling
 from benchmarks.lean_game import StepFrames
 from benchmarks.lean_plugin_game import SessionSpec, godot_float
@@ -502,9 +510,78 @@ def test_wakeup_cost_times_every_transport_and_reader() -> None:
     """benchmarks/wakeup_cost.py measures a send to a reader asleep in recv and to one polling, over TCP and a
     Unix socket: one row per case, each with a positive CPU figure and round trip."""
     out = run_benchmark("benchmarks.wakeup_cost", "--rounds", "200", "--sizes", "80,4096", timeout=120)
-    rows = [line.strip("|").split("|") for line in out.splitlines()[2:]]
+    said, *table = out.splitlines()
+    assert said.startswith("idle cores: driver "), said
+    rows = [line.strip("|").split("|") for line in table[2:]]
     cases = {(cells[0].strip(), cells[1].strip(), cells[2].strip()) for cells in rows}
     assert cases == {(t, r, s) for t in ("tcp", "unix") for r in ("blocked", "polling") for s in ("80", "4,096")}
     for cells in rows:
         send_us, trip_us = float(cells[3]), float(cells[4])
         assert 0 < send_us and trip_us > 0
+
+
+def _wake_up_often(rounds: int = 300) -> None:
+    """Ping-pong with a thread asleep in recv: each round trip leaves a core idle and wakes it again."""
+    left, right = socket.socketpair()
+
+    def echo() -> None:
+        while data := right.recv(1):
+            right.sendall(data)
+
+    thread = threading.Thread(target=echo, daemon=True)
+    thread.start()
+    for _ in range(rounds):
+        left.sendall(b"x")
+        assert left.recv(1) == b"x"
+    left.close()
+    thread.join(timeout=10)
+    right.close()
+
+
+def test_idle_polling_keeps_every_core_out_of_deeper_idle_states_until_released() -> None:
+    """benchmarks/idle.py: while the CPU latency request of 0 us is held, the kernel says so and no core enters
+    an idle state but polling, however often threads sleep and wake; afterwards the request is gone. Without
+    the right to hold it (not root, not Linux) the refusal says what is needed."""
+    if not os.access(QOS_DEVICE, os.W_OK):
+        with pytest.raises(IdlePollingUnavailable, match="needs Linux and root"), hold_idle_polling():
+            pass
+        return
+    assert qos_latency_us() != 0, "another process holds the CPU latency request: this test cannot tell"
+    with hold_idle_polling():
+        assert qos_latency_us() == 0
+        time.sleep(0.05)  # a core halted when the request came leaves that state at its next wake-up
+        before = idle_state()
+        _wake_up_often()
+        during = entries_between(before, idle_state())
+    assert qos_latency_us() != 0
+    if during:  # a machine with cpuidle states (a kernel without cpuidle has no deeper states to keep out of)
+        assert during.get("POLL", 0) > 0, during
+        assert all(count == 0 for name, count in during.items() if name != "POLL"), during
+
+
+def test_benchmark_runs_every_mode_with_idle_cores_polling_when_asked(tmp_path: Path) -> None:
+    """``benchmarks.run --idle-poll`` holds the idle cores polling for the whole run and says so in its JSON and
+    table, with how often the cores entered each idle state meanwhile; where it may not, it refuses with why."""
+    out = tmp_path / "idle.json"
+    args = ["--config", "2,vec8,1,1", "--modes", "raw,broker_tcp", "--measure", "0.5", "--out", str(out)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", *args, "--idle-poll"],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        cwd=ROOT,
+        timeout=600,
+    )
+    if not os.access(QOS_DEVICE, os.W_OK):
+        assert proc.returncode == 2 and "idle polling needs Linux and root" in proc.stderr, proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["idle_poll"] is True
+    assert {row["mode"] for row in result["summary"]} == {"raw", "broker_tcp"}
+    assert all(row["agent_steps_per_s"] > 0 for row in result["summary"])
+    entries = result["machine"]["idle_entries_during_run"]
+    if entries:
+        assert entries.get("POLL", 0) > 0 and all(n == 0 for name, n in entries.items() if name != "POLL"), entries
+    assert "idle cores: held polling (--idle-poll)" in proc.stdout
+    assert qos_latency_us() != 0  # released with the run

@@ -64,9 +64,10 @@ def qos_latency_us() -> int | None:
 
 
 def idle_state() -> dict[str, Any]:
-    """The idle settings and each idle state's entries so far, summed over the cores."""
+    """The idle settings and each idle state's entries so far, summed over the cores, shallowest state first."""
     usage: dict[str, int] = {}
-    for state in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state[0-9]*")):
+    states = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpuidle/state[0-9]*")
+    for state in sorted(states, key=lambda path: int(path.name.removeprefix("state"))):
         name, count = _read(state / "name"), _read(state / "usage")
         if name is not None and count is not None and count.isdigit():
             usage[name] = usage.get(name, 0) + int(count)

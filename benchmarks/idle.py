@@ -85,17 +85,25 @@ def idle_state() -> dict[str, Any]:
 @contextlib.contextmanager
 def hold_idle_polling() -> Iterator[None]:
     """Keep every core polling when idle (a CPU latency request of 0 us) until the block ends."""
+    fd = -1
     try:
         fd = os.open(QOS_DEVICE, os.O_RDWR)
+        os.write(fd, _QOS_VALUE.pack(0))
     except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
         raise IdlePollingUnavailable(
             f"cannot hold {QOS_DEVICE} ({exc.strerror}): idle polling needs Linux and root"
         ) from None
     try:
-        os.write(fd, _QOS_VALUE.pack(0))
         yield
     finally:
         os.close(fd)  # the request ends with the last open file of it
+
+
+def idle_polling_if(wanted: bool) -> contextlib.AbstractContextManager[None]:
+    """``hold_idle_polling()`` when ``wanted`` (a benchmark's ``--idle-poll``), else nothing."""
+    return hold_idle_polling() if wanted else contextlib.nullcontext()
 
 
 def entries_between(before: dict[str, Any], after: dict[str, Any]) -> dict[str, int]:

@@ -72,7 +72,7 @@ from benchmarks.configs import (
     BenchConfig,
     Preset,
 )
-from benchmarks.idle import IdlePollingUnavailable, entries_between, hold_idle_polling, idle_state
+from benchmarks.idle import IdlePollingUnavailable, entries_between, idle_polling_if, idle_state
 from benchmarks.measure import ProcSample, interpolate, sample_process
 from broker.tuning import DEFAULT_MMAP_THRESHOLD, DEFAULT_TRIM_THRESHOLD
 
@@ -862,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
     preset = Preset(configs, preset.warmup_s, args.measure or preset.measure_s, repeats)
     print(f"preset {args.preset}: {len(configs)} configurations x {len(modes)} modes", flush=True)
     try:
-        with hold_idle_polling() if args.idle_poll else contextlib.nullcontext():
+        with idle_polling_if(args.idle_poll):
             result = run_preset(args.preset, preset, modes, args.timeout, sys.stdout)
     except IdlePollingUnavailable as exc:
         parser.error(str(exc))

@@ -23,14 +23,13 @@ On this VM an idle vCPU halts at once, and a wake-up into a halted one is a roun
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import socket
 import statistics
 import time
 from collections.abc import Iterator
 
-from benchmarks.idle import IdlePollingUnavailable, hold_idle_polling, idle_state
+from benchmarks.idle import IdlePollingUnavailable, idle_polling_if, idle_state
 from benchmarks.raw import new_spin_wait, recv_exactly
 
 TRANSPORTS = ("tcp", "unix")
@@ -102,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     try:
-        with hold_idle_polling() if args.idle_poll else contextlib.nullcontext():
+        with idle_polling_if(args.idle_poll):
             state = idle_state()
             print(f"idle cores: driver {state['driver']}, latency request {state['qos_latency_us']} us")
             print("| transport | reader | bytes | writer CPU per send, us | round trip, us |")

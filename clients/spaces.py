@@ -178,26 +178,39 @@ class ActionCodec:
                 widths.append(len(part))
             self.space = spaces.MultiDiscrete(np.array(nvec, dtype=np.int64))
         self.bounds = np.cumsum([0, *widths])
+        # What to_wire does per key, worked out once (it runs every step): key, kind, first and last column.
+        self._plan: list[tuple[str, str, int, int]] = []
+        for (key, space), start, stop in zip(
+            policy.action, self.bounds[:-1].tolist(), self.bounds[1:].tolist(), strict=True
+        ):
+            if isinstance(space, ContinuousAction):
+                kind = "box"
+            elif isinstance(space, DiscreteAction):
+                kind = "binary" if self.continuous and space.n > 1 else "never" if self.continuous else "discrete"
+            else:
+                kind = "multi"
+            self._plan.append((key, kind, start, stop))
+        self._discrete = isinstance(self.space, spaces.Discrete)
 
     def to_wire(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         """SB3 actions for all envs -> one array per action key, in wire dtypes."""
         actions = np.asarray(actions)
         n = actions.shape[0]
-        if isinstance(self.space, spaces.Discrete):
+        if self._discrete:
             return {self.keys[0]: actions.reshape(n).astype(np.int32)}
         columns = actions.reshape(n, -1)
         out = {}
-        for i, (key, space) in enumerate(self.policy.action):
-            block = columns[:, self.bounds[i] : self.bounds[i + 1]]
-            if isinstance(space, ContinuousAction):
+        for key, kind, start, stop in self._plan:
+            if kind == "box":
+                block = columns if len(self._plan) == 1 else columns[:, start:stop]
                 # maximum/minimum: np.clip's result, for half its cost on the small arrays of a step
                 out[key] = np.minimum(np.maximum(block, -1.0), 1.0).astype(np.float32, copy=False)
-            elif isinstance(space, DiscreteAction):
-                flat = block[:, 0]
-                if self.continuous:  # one Box column per binary key: > 0 means choice 1 (godot_rl's rule)
-                    out[key] = ((flat > 0) & (space.n > 1)).astype(np.int32)
-                else:
-                    out[key] = flat.astype(np.int32)
+            elif kind == "binary":  # one Box column per binary key: > 0 means choice 1 (godot_rl's rule)
+                out[key] = (columns[:, start] > 0).astype(np.int32)
+            elif kind == "never":  # a one-choice key beside continuous ones: always choice 0
+                out[key] = np.zeros(n, np.int32)
+            elif kind == "discrete":
+                out[key] = columns[:, start].astype(np.int32)
             else:
-                out[key] = block.astype(np.int32)
+                out[key] = columns[:, start:stop].astype(np.int32)
         return out

@@ -17,6 +17,10 @@ device stays open (``tuned``'s latency-performance profile does the same). That 
 cores wake fast behaves, and it applies to every process alike; ``python -m benchmarks.run --idle-poll`` runs
 all modes under it. It needs root (the device is 0600).
 
+Only a cpuidle driver heeds that request. A kernel without one (``current_driver`` reads ``none``, as on some
+builds of this VM) halts idle cores in its default idle routine whatever is asked, so there ``hold_idle_polling()``
+refuses with that reason rather than let a run claim polling it did not get.
+
 ``idle_state()`` reads what there is to know about it: the cpuidle driver and governor, each idle state's name
 and entry count on every core (the counts' change over a run says whether its cores halted or polled), the
 halt-polling parameters and the QoS in force.
@@ -34,6 +38,7 @@ from typing import Any
 QOS_DEVICE = Path("/dev/cpu_dma_latency")
 CPUIDLE = Path("/sys/devices/system/cpu/cpuidle")
 HALTPOLL_PARAMETERS = Path("/sys/module/haltpoll/parameters")
+KERNEL_COMMAND_LINE = Path("/proc/cmdline")
 _QOS_VALUE = struct.Struct("=i")  # the device reads and writes one native int, in microseconds
 
 
@@ -71,7 +76,7 @@ def idle_state() -> dict[str, Any]:
         name, count = _read(state / "name"), _read(state / "usage")
         if name is not None and count is not None and count.isdigit():
             usage[name] = usage.get(name, 0) + int(count)
-    arguments = (_read(Path("/proc/cmdline")) or "").split()
+    arguments = (_read(KERNEL_COMMAND_LINE) or "").split()
     return {
         "driver": _read(CPUIDLE / "current_driver"),
         "governor": _read(CPUIDLE / "current_governor"),
@@ -80,6 +85,14 @@ def idle_state() -> dict[str, Any]:
         "kernel_idle_arguments": [a for a in arguments if "poll" in a or a.startswith(("idle=", "cpuidle"))],
         "qos_latency_us": qos_latency_us(),
     }
+
+
+def request_keeps_cores_polling() -> bool:
+    """Whether a CPU latency request can keep idle cores polling here. Only a cpuidle driver's governor reads
+    it: a kernel without one halts idle cores in its default idle routine whatever is asked, unless booted
+    with ``idle=poll`` (then they always poll)."""
+    driver = _read(CPUIDLE / "current_driver")
+    return driver not in (None, "none") or "idle=poll" in (_read(KERNEL_COMMAND_LINE) or "").split()
 
 
 @contextlib.contextmanager
@@ -95,6 +108,12 @@ def hold_idle_polling() -> Iterator[None]:
         raise IdlePollingUnavailable(
             f"cannot hold {QOS_DEVICE} ({exc.strerror}): idle polling needs Linux and root"
         ) from None
+    if not request_keeps_cores_polling():  # held, it would change nothing: say so rather than claim polling
+        os.close(fd)
+        raise IdlePollingUnavailable(
+            "this kernel has no cpuidle driver: its idle cores halt whatever CPU latency is asked "
+            "(only booting with idle=poll keeps them polling)"
+        )
     try:
         yield
     finally:

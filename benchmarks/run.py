@@ -752,8 +752,9 @@ def idle_line(result: dict[str, Any]) -> str:
     machine = result.get("machine", {})
     entries = machine.get("idle_entries_during_run", {})
     way = "held polling (--idle-poll)" if result.get("idle_poll") else "as the machine has them"
-    counts = ", ".join(f"{name} {count:,}" for name, count in entries.items()) or "not readable"
     driver = machine.get("before", {}).get("idle", {}).get("driver")
+    none_to_read = "none to read (no cpuidle driver: idle cores halt)" if driver == "none" else "not readable"
+    counts = ", ".join(f"{name} {count:,}" for name, count in entries.items()) or none_to_read
     return f"idle cores: {way}; driver {driver}; idle-state entries during the run: {counts}"
 
 

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks import idle
 from benchmarks.configs import (
     ACTION_KEY,
     ACTION_SIZE,
@@ -44,6 +46,7 @@ from benchmarks.idle import (
     hold_idle_polling,
     idle_state,
     qos_latency_us,
+    request_keeps_cores_polling,
 )
 from benchmarks.inprocess_ceiling import Ceiling
 from benchmarks.lean_game import StepFrames
@@ -547,6 +550,11 @@ def test_idle_polling_keeps_every_core_out_of_deeper_idle_states_until_released(
             pass
         return
     assert qos_latency_us() != 0, "another process holds the CPU latency request: this test cannot tell"
+    if not request_keeps_cores_polling():  # no cpuidle driver: the request would change nothing, and says so
+        with pytest.raises(IdlePollingUnavailable, match="no cpuidle driver"), hold_idle_polling():
+            pass
+        assert qos_latency_us() != 0  # refused, and nothing left held
+        return
     with hold_idle_polling():
         assert qos_latency_us() == 0
         time.sleep(0.05)  # a core halted when the request came leaves that state at its next wake-up
@@ -554,9 +562,41 @@ def test_idle_polling_keeps_every_core_out_of_deeper_idle_states_until_released(
         _wake_up_often()
         during = entries_between(before, idle_state())
     assert qos_latency_us() != 0
-    if during:  # a machine with cpuidle states (a kernel without cpuidle has no deeper states to keep out of)
+    if during:  # a cpuidle driver's states (none to read where idle=poll keeps cores polling without one)
         shallowest, *deeper = during  # in the kernel's order, shallowest first
         assert during[shallowest] > 0 and all(during[name] == 0 for name in deeper), during
+
+
+def test_idle_polling_is_refused_where_the_kernel_would_not_heed_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Without a cpuidle driver a CPU latency request changes nothing (idle cores halt in the kernel's default
+    idle routine), so holding one is refused with that reason, and nothing is left held; with a driver, or where
+    idle=poll keeps the cores polling anyway, it is held until the block ends. (Files stand in for the kernel's.)"""
+    device = tmp_path / "cpu_dma_latency"
+    device.write_bytes(struct.pack("=i", 2_000_000_000))
+    cpuidle = tmp_path / "cpuidle"
+    cpuidle.mkdir()
+    (cpuidle / "current_driver").write_text("none\n")
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_text("console=ttyS0 quiet\n")
+    monkeypatch.setattr(idle, "QOS_DEVICE", device)
+    monkeypatch.setattr(idle, "CPUIDLE", cpuidle)
+    monkeypatch.setattr(idle, "KERNEL_COMMAND_LINE", cmdline)
+
+    def held() -> int:
+        return int(struct.unpack("=i", device.read_bytes()[:4])[0])
+
+    with pytest.raises(IdlePollingUnavailable, match="no cpuidle driver"), hold_idle_polling():
+        pass
+    cmdline.write_text("console=ttyS0 idle=poll quiet\n")
+    with hold_idle_polling():
+        assert held() == 0
+    cmdline.write_text("console=ttyS0 quiet\n")
+    (cpuidle / "current_driver").write_text("haltpoll\n")
+    device.write_bytes(struct.pack("=i", 2_000_000_000))
+    with hold_idle_polling():
+        assert held() == 0
 
 
 def test_benchmark_runs_every_mode_with_idle_cores_polling_when_asked(tmp_path: Path) -> None:
@@ -574,6 +614,9 @@ def test_benchmark_runs_every_mode_with_idle_cores_polling_when_asked(tmp_path: 
     )
     if not os.access(QOS_DEVICE, os.W_OK):
         assert proc.returncode == 2 and "idle polling needs Linux and root" in proc.stderr, proc.stderr
+        return
+    if not request_keeps_cores_polling():
+        assert proc.returncode == 2 and "no cpuidle driver" in proc.stderr, proc.stderr
         return
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())

@@ -101,14 +101,16 @@ def hold_idle_polling() -> Iterator[None]:
     fd = -1
     try:
         fd = os.open(QOS_DEVICE, os.O_RDWR)
-        os.write(fd, _QOS_VALUE.pack(0))
+        heeded = request_keeps_cores_polling()  # asked before the request is made: nothing held in vain
+        if heeded:
+            os.write(fd, _QOS_VALUE.pack(0))
     except OSError as exc:
         if fd >= 0:
             os.close(fd)
         raise IdlePollingUnavailable(
             f"cannot hold {QOS_DEVICE} ({exc.strerror}): idle polling needs Linux and root"
         ) from None
-    if not request_keeps_cores_polling():  # held, it would change nothing: say so rather than claim polling
+    if not heeded:  # held, it would change nothing: say so rather than claim polling
         os.close(fd)
         raise IdlePollingUnavailable(
             "this kernel has no cpuidle driver: its idle cores halt whatever CPU latency is asked "

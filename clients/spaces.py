@@ -29,6 +29,7 @@ models and habits carry over:
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -177,12 +178,10 @@ class ActionCodec:
                 nvec += part
                 widths.append(len(part))
             self.space = spaces.MultiDiscrete(np.array(nvec, dtype=np.int64))
-        self.bounds = np.cumsum([0, *widths])
         # What to_wire does per key, worked out once (it runs every step): key, kind, first and last column.
+        starts = [0, *itertools.accumulate(widths)]
         self._plan: list[tuple[str, str, int, int]] = []
-        for (key, space), start, stop in zip(
-            policy.action, self.bounds[:-1].tolist(), self.bounds[1:].tolist(), strict=True
-        ):
+        for (key, space), start, stop in zip(policy.action, starts[:-1], starts[1:], strict=True):
             if isinstance(space, ContinuousAction):
                 kind = "box"
             elif isinstance(space, DiscreteAction):
@@ -191,6 +190,7 @@ class ActionCodec:
                 kind = "multi"
             self._plan.append((key, kind, start, stop))
         self._discrete = isinstance(self.space, spaces.Discrete)
+        self._one_key = len(self._plan) == 1  # a lone Box key spans every column: no slice needed
 
     def to_wire(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         """SB3 actions for all envs -> one array per action key, in wire dtypes."""
@@ -202,7 +202,7 @@ class ActionCodec:
         out = {}
         for key, kind, start, stop in self._plan:
             if kind == "box":
-                block = columns if len(self._plan) == 1 else columns[:, start:stop]
+                block = columns if self._one_key else columns[:, start:stop]
                 # maximum/minimum: np.clip's result, for half its cost on the small arrays of a step
                 out[key] = np.minimum(np.maximum(block, -1.0), 1.0).astype(np.float32, copy=False)
             elif kind == "binary":  # one Box column per binary key: > 0 means choice 1 (godot_rl's rule)

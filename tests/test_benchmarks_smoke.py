@@ -589,6 +589,7 @@ def test_idle_polling_is_refused_where_the_kernel_would_not_heed_it(
 
     with pytest.raises(IdlePollingUnavailable, match="no cpuidle driver"), hold_idle_polling():
         pass
+    assert held() == 2_000_000_000  # refused before anything was asked of the kernel
     cmdline.write_text("console=ttyS0 idle=poll quiet\n")
     with hold_idle_polling():
         assert held() == 0

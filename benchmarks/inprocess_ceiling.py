@@ -16,7 +16,7 @@ the raw one: this mode is measured with several policies only (benchmarks/run.py
 Its threads share one interpreter lock and take turns, so they run on one core (``one_core``; Linux, with more
 than one core allowed): across cores every turn is a wake-up across them and the lock handed over, and an idle
 core pulls a preempted thread to itself. Measured on 2 cores: 1.31x to 1.34x faster pinned than free, with 4
-games and with 400 agents (docs/performance.md, "Session 28"). A ceiling runs its best way.
+games and with 400 agents (docs/performance_history.md, "Session 28"). A ceiling runs its best way.
 
 Its ready event names the relay thread (``broker_tid``), so the orchestrator counts that thread's CPU as the
 middle's and the rest of the process as the trainers', as for ``inprocess``.

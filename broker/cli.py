@@ -139,7 +139,7 @@ def _add_stepping_arguments(parser: argparse.ArgumentParser, defaults: ServerCon
         type=float,
         default=defaults.spin_wait_s * 1e6,
         help="microseconds the broker polls for the next message before it sleeps, less after polls that found"
-        " nothing; 0: never (docs/performance.md, 'Waiting without sleeping')",
+        " nothing; 0: never (docs/performance_history.md, 'Waiting without sleeping')",
     )
 
 

@@ -1,7 +1,7 @@
 """The per-step modules that ``setup.py`` compiles with mypyc, and the guard against a stale build.
 
 Every message of every step runs through these modules, and at the sizes most games have (1 to 16 agents)
-the broker's cost is Python per message, not bytes (docs/performance.md, "Compiled per-step modules").
+the broker's cost is Python per message, not bytes (docs/performance_history.md, "Compiled per-step modules").
 Compiled, they need about half the CPU for their own work (7-32 % less of the broker's whole CPU in real runs,
 where the kernel and the event loop have their share). They stay plain, typed Python: the same files run
 uncompiled when the build skips mypyc (``GDRL_BROKER_PURE=1 pip install -e .``).

@@ -33,7 +33,7 @@ _tuned = False
 
 # How long a wait for a message first asks for it without sleeping, yielding the core between asks. A peer
 # asleep costs its sender a wake-up (20-35 us of CPU and latency each on a 2-core VM, four a lock-step through
-# the broker), which an answer that comes within the spin does not (docs/performance.md, "Waiting without
+# the broker), which an answer that comes within the spin does not (docs/performance_history.md, "Waiting without
 # sleeping"). 0: never.
 SPIN_WAIT_S: Final = 200e-6
 

@@ -68,7 +68,7 @@ class BrokerVecEnv(VecEnv):
 
     ``ring_bytes``: with the broker on this host, batches of 32 KB or more come through a shared-memory ring of
     this size (virtual: only the pages a batch touches are used) instead of the socket, copied out once
-    (docs/protocol.md §3b; docs/performance.md, "A shared-memory ring"); 0: the socket only.
+    (docs/protocol.md §3b; docs/performance_history.md, "A shared-memory ring"); 0: the socket only.
     """
 
     def __init__(

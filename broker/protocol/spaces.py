@@ -320,7 +320,7 @@ def check_finite(array: np.ndarray, what: str, code: ErrorCode) -> None:
         return
     finite = None if _NATIVE is None else _NATIVE.all_finite(array)  # a C loop, no temporary array
     # count_nonzero: a fraction of ``.all()``'s call overhead on the small arrays of most steps, as fast at 25,600
-    # values (400 x 64), about 15 % slower from some 300,000 (float images): measured, docs/performance.md
+    # values (400 x 64), about 15 % slower from some 300,000 (float images): measured, docs/performance_history.md
     if finite is None:
         finite = np.count_nonzero(np.isfinite(array)) == array.size
     if not finite:

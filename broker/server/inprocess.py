@@ -16,7 +16,7 @@ program will attach here:
   hands it back to the next trainer that waits; so games, hold
   deadlines and new connections are served at most that much later than by a loop on a thread of its own.
   The loop is the standard asyncio one, since it is started and stopped every step, which costs more with
-  uvloop (docs/performance.md, "Eighth round"). Should more trainers attach after all, the daemon thread runs
+  uvloop (docs/performance_history.md, "Eighth round"). Should more trainers attach after all, the daemon thread runs
   the loop for all of them (one thread hop each way), since handing it between their threads costs more.
   A trainer whose thread already runs another event loop (a notebook) cannot run this one: its ``recv`` has
   the daemon thread run it and waits on its inbox, one thread hop as before.
@@ -198,7 +198,7 @@ class ServerThread:
         """This thread may run the loop: trainers may, it is open, no other event loop runs on this thread,
         and it is the only trainer attached. With several, the daemon thread runs the loop for all of them:
         handing it from one trainer's thread to the next every step (wake-ups, a restart of the loop, the GIL
-        passed back and forth) costs more than the one thread hop (docs/performance.md, "Fifth round")."""
+        passed back and forth) costs more than the one thread hop (docs/performance_history.md, "Fifth round")."""
         if not self.trainers_drive or self.loop.is_closed() or self._stopping or len(self._sides) > 1:
             return False
         return asyncio._get_running_loop() is None

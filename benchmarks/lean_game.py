@@ -83,11 +83,12 @@ def answered(body: memoryview, codec: BodyKind = BodyKind.MSGPACK) -> bool:
     raise ConnectionError(f"expected actions, got {str(message)[:120]}")
 
 
-def play(sock: socket.socket, frames: StepFrames) -> int:
-    """Step until the other side ends the run; returns the ticks played."""
+def play(sock: socket.socket, frames: StepFrames, godot_wait: bool = False) -> int:
+    """Step until the other side ends the run; returns the ticks played. ``godot_wait``: wait for each answer
+    as a Godot game does (``benchmarks.raw.GodotWait``), not blocked in ``recv``."""
     counter = CountingSocket(sock)
     report = WireReport(counter)
-    reader = FrameReader(counter)  # type: ignore[arg-type]
+    reader = FrameReader(counter, godot_wait=godot_wait)  # type: ignore[arg-type]
     tick = 0
     try:
         while True:
@@ -100,7 +101,9 @@ def play(sock: socket.socket, frames: StepFrames) -> int:
         return tick
 
 
-def through_broker(address: str, config: BenchConfig, game_index: int, codec: BodyKind = BodyKind.MSGPACK) -> None:
+def through_broker(
+    address: str, config: BenchConfig, game_index: int, codec: BodyKind = BodyKind.MSGPACK, godot_wait: bool = False
+) -> None:
     from clients.game import GameClient
 
     frames = StepFrames(config, game_index, codec)
@@ -108,18 +111,18 @@ def through_broker(address: str, config: BenchConfig, game_index: int, codec: Bo
     sock = client.socket.sock
     sock.settimeout(None)
     try:
-        play(sock, frames)
+        play(sock, frames, godot_wait)
     finally:
         sock.close()
 
 
-def raw(port: int, config: BenchConfig, game_index: int) -> None:
+def raw(port: int, config: BenchConfig, game_index: int, godot_wait: bool = False) -> None:
     frames = StepFrames(config, game_index)
     sock = connect_retry(port)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.settimeout(None)
     try:
-        play(sock, frames)
+        play(sock, frames, godot_wait)
     finally:
         sock.close()
 
@@ -132,13 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="a BenchConfig as JSON")
     parser.add_argument("--game-index", type=int, default=0)
     parser.add_argument("--codec", choices=("msgpack", "godot"), default="msgpack", help="godot: Variant bodies")
+    parser.add_argument("--godot-wait", action="store_true", help="wait for answers as a Godot game does")
     args = parser.parse_args(argv)
     configure_logging(level="warning")
     config = BenchConfig.from_json(json.loads(args.config))
     if args.address is not None:
-        through_broker(args.address, config, args.game_index, BodyKind(args.codec))
+        through_broker(args.address, config, args.game_index, BodyKind(args.codec), args.godot_wait)
     else:
-        raw(args.raw_port, config, args.game_index)
+        raw(args.raw_port, config, args.game_index, args.godot_wait)
 
 
 if __name__ == "__main__":

@@ -154,11 +154,11 @@ class SessionSpec:
 class Session:
     """One connection to one godot_rl env: handshake, env_info, then lock-step replies from prepared bytes."""
 
-    def __init__(self, sock: Any, spec: SessionSpec, check_actions: bool) -> None:
+    def __init__(self, sock: Any, spec: SessionSpec, check_actions: bool, godot_wait: bool = False) -> None:
         self.sock = sock
         self.spec = spec
         self.check_actions = check_actions
-        self.reader = FrameReader(self.sock)
+        self.reader = FrameReader(self.sock, godot_wait=godot_wait)
         obs = spec.obs_text()
         self.obs = memoryview(obs)
         # Each reply is [header + '{"type":...,"obs":', obs, tail]: three buffers, one sendmsg.
@@ -277,7 +277,13 @@ def play(sessions: list[Session], report: WireReport | None = None) -> int:
 
 
 def run(
-    config: BenchConfig, game_index: int, ports: list[int], split: bool, check_actions: bool, dense: bool = False
+    config: BenchConfig,
+    game_index: int,
+    ports: list[int],
+    split: bool,
+    check_actions: bool,
+    dense: bool = False,
+    godot_wait: bool = False,
 ) -> int:
     specs = session_specs(config, game_index, split, dense)
     if len(ports) != len(specs):
@@ -288,7 +294,7 @@ def run(
         for spec, port in zip(specs, ports, strict=True):  # in order: each godot_rl env accepts after the one before
             counter = CountingSocket(connect(port, timeout=120))
             counters.append(counter)
-            session = Session(counter, spec, check_actions)
+            session = Session(counter, spec, check_actions, godot_wait)
             session.handshake()
             sessions.append(session)
         return play(sessions, WireReport(MultiCount(counters)))
@@ -322,11 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true", help="one connection per policy (MultiServerSync)")
     parser.add_argument("--check-actions", action="store_true", help="decode and check every action frame")
     parser.add_argument("--dense", action="store_true", help="every observation number non-zero (15 digits)")
+    parser.add_argument("--godot-wait", action="store_true", help="wait for actions as sync.gd does")
     args = parser.parse_args(argv)
     config = BenchConfig.from_json(json.loads(args.config))
     ports = [int(p) for p in args.ports.split(",")]
     try:
-        ticks = run(config, args.game_index, ports, args.split, args.check_actions, args.dense)
+        ticks = run(config, args.game_index, ports, args.split, args.check_actions, args.dense, args.godot_wait)
     except ProtocolError as exc:
         print(f"lean plugin game: {exc}", file=sys.stderr)
         return 2

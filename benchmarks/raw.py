@@ -106,7 +106,27 @@ def new_spin_wait(spin_s: float = SPIN_WAIT_S) -> SpinWait | None:
     return SpinWait(spin_s) if spin_s > 0 else None
 
 
-def recv_exactly(sock: socket.socket, view: memoryview, first: SpinWait | None = None) -> None:
+GODOT_POLL_S: Final = 10e-6  # OS.delay_usec(10) between looks at an empty socket (sync.gd, broker_client.gd)
+
+
+class GodotWait:
+    """How a Godot game waits for its actions: godot_rl's ``sync.gd`` and this repository's ``broker_client.gd``
+    look at the socket without blocking and sleep ``OS.delay_usec(10)`` while it is empty. The sleep lasts what
+    the kernel makes of it (with Linux's default 50 us timer slack, and a halted core woken by its timer, much
+    longer than 10 us), so an answer waits until the game looks again, and its sender wakes no one."""
+
+    def __init__(self, poll_s: float = GODOT_POLL_S) -> None:
+        self.poll_s = poll_s
+
+    def recv_into(self, sock: socket.socket, buffer: memoryview | bytearray) -> int:
+        while True:
+            try:
+                return sock.recv_into(buffer, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                time.sleep(self.poll_s)
+
+
+def recv_exactly(sock: socket.socket, view: memoryview, first: SpinWait | GodotWait | None = None) -> None:
     """Fill ``view`` from ``sock``, blocking; its first read waits by ``first`` when given."""
     got = 0
     while got < len(view):
@@ -119,13 +139,16 @@ def recv_exactly(sock: socket.socket, view: memoryview, first: SpinWait | None =
 class FrameReader:
     """Blocking reads of whole frames into one preallocated, growing buffer. With ``spin_wait_s``, the wait
     for a frame's first bytes first asks without sleeping, as the broker's clients do
-    (``clients.transport.SpinWait``)."""
+    (``clients.transport.SpinWait``); with ``godot_wait``, it looks and sleeps as a Godot game does
+    (``GodotWait``)."""
 
-    def __init__(self, sock: socket.socket, capacity: int = 1 << 16, spin_wait_s: float = 0.0) -> None:
+    def __init__(
+        self, sock: socket.socket, capacity: int = 1 << 16, spin_wait_s: float = 0.0, godot_wait: bool = False
+    ) -> None:
         self.sock = sock
         self.buffer = bytearray(capacity)
         self.header = bytearray(HEADER.size)
-        self.spin_wait = new_spin_wait(spin_wait_s)
+        self.spin_wait: SpinWait | GodotWait | None = GodotWait() if godot_wait else new_spin_wait(spin_wait_s)
 
     def read_frame(self) -> memoryview:
         """The next frame's body, a view of the buffer (valid until the next read)."""

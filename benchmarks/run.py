@@ -99,6 +99,8 @@ MALLOC_TUNING = {
 GLIBC_DEFAULTS = {"GDRL_BROKER_MALLOC_TUNING": "0"}
 _extra_env: dict[str, str] = dict(MALLOC_TUNING)
 _lean_game_flags: list[str] = []  # ["--dense"]: every observation number non-zero in godot_rl's JSON
+# Flags every lean game takes, plugin and native: ["--godot-wait"], each answer awaited as a Godot game does.
+_game_wait_flags: list[str] = []
 # The native modes' game (broker, in-process, raw, relay): "lean" (benchmarks/lean_game.py, prepared frames, as
 # lean as the plugin game godot_rl is measured with) or "world" (bench_game.py / raw.py: a world that reacts).
 _native_game: list[str] = ["lean"]
@@ -341,7 +343,8 @@ class Run:
         if self.mode in ("broker_plugin", "broker_script"):  # godot_rl plugin games: the broker speaks their JSON
             for i in range(self.config.games):
                 args = ["--config", config_json, "--game-index", str(i), "--ports", port_file.read_text()]
-                self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args, *_lean_game_flags])
+                game_args = [*args, *_lean_game_flags, *_game_wait_flags]
+                self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *game_args])
         elif self.mode == "broker_variant":  # the addon's codec: Godot Variant bodies
             if _native_game[0] != "lean":
                 raise RunFailed("broker_variant runs the lean game only (not with --world-game)")
@@ -367,7 +370,7 @@ class Run:
         for i in range(self.config.games):
             game_ports = ",".join(str(ports[name][i]) for name in servers)
             args = ["--config", config_json, "--game-index", str(i), "--ports", game_ports]
-            args += [*(["--split"] if split else []), *_lean_game_flags]
+            args += [*(["--split"] if split else []), *_lean_game_flags, *_game_wait_flags]
             self.spawn(f"game-{i}", [py, "-m", "benchmarks.lean_plugin_game", *args])
         return len(servers)
 
@@ -379,12 +382,12 @@ class Run:
             else ["benchmarks.raw", "game", "--port"]
         )
         for i in range(self.config.games):
-            game_args = [str(port), "--config", config_json, "--game-index", str(i)]
+            game_args = [str(port), "--config", config_json, "--game-index", str(i), *_game_wait_flags]
             self.spawn(f"game-{i}", [sys.executable, "-m", *game, *game_args])
 
     def _spawn_games(self, address: str, config_json: str, *flags: str) -> None:
         for i in range(self.config.games):
-            args = ["--address", address, "--config", config_json, "--game-index", str(i), *flags]
+            args = ["--address", address, "--config", config_json, "--game-index", str(i), *flags, *_game_wait_flags]
             game = "benchmarks.lean_game" if _native_game[0] == "lean" else "benchmarks.bench_game"
             self.spawn(f"game-{i}", [sys.executable, "-m", game, *args])
 
@@ -536,6 +539,7 @@ def run_preset(preset_name: str, preset: Preset, modes: list[str], timeout_s: fl
         "stepping": STEPPING,
         "environment": dict(_extra_env),
         "lean_game_flags": list(_lean_game_flags),
+        "game_wait": "godot" if _game_wait_flags else "blocking recv",
         "native_game": _native_game[0],
         "compiled": compiled_active(),  # the per-step modules, in every process of this run (broker/compiled.py)
         "warmup_s": preset.warmup_s,
@@ -755,7 +759,8 @@ def idle_line(result: dict[str, Any]) -> str:
     driver = machine.get("before", {}).get("idle", {}).get("driver")
     none_to_read = "none to read (no cpuidle driver: idle cores halt)" if driver == "none" else "not readable"
     counts = ", ".join(f"{name} {count:,}" for name, count in entries.items()) or none_to_read
-    return f"idle cores: {way}; driver {driver}; idle-state entries during the run: {counts}"
+    games = "; games wait as Godot's do (--godot-wait)" if result.get("game_wait") == "godot" else ""
+    return f"idle cores: {way}; driver {driver}; idle-state entries during the run: {counts}{games}"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -831,6 +836,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the lean plugin game fills every observation number (default: the broker modes' values, mostly 0)",
     )
     parser.add_argument(
+        "--godot-wait",
+        action="store_true",
+        help="every game waits for its answer as a Godot game does (looks, sleeps 10 us, looks again: sync.gd) "
+        "instead of blocking in recv; the lean games only",
+    )
+    parser.add_argument(
         "--world-game",
         action="store_true",
         help="the native modes' game steps a world that reacts to the actions (bench_game.py, raw.py) instead of "
@@ -845,6 +856,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.world_game:
         _native_game[0] = "world"
+    if args.godot_wait:
+        if args.world_game:
+            parser.error("--godot-wait is for the lean games, not --world-game")
+        _game_wait_flags.append("--godot-wait")
     if args.dense_json:
         _lean_game_flags.append("--dense")
     if args.glibc_defaults:

@@ -600,6 +600,70 @@ def test_idle_polling_is_refused_where_the_kernel_would_not_heed_it(
         assert held() == 0
 
 
+class _LookCounter:
+    """A socket that counts the looks made without blocking (``MSG_DONTWAIT``) and how many found nothing."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.looks = 0
+        self.empty = 0
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        if flags & socket.MSG_DONTWAIT:
+            self.looks += 1
+            try:
+                return self.sock.recv_into(buffer, nbytes, flags)
+            except BlockingIOError:
+                self.empty += 1
+                raise
+        return self.sock.recv_into(buffer, nbytes, flags)
+
+
+def test_a_game_waiting_as_godot_does_looks_sleeps_and_looks_again_until_its_answer_comes() -> None:
+    """``--godot-wait``: the lean games wait for each answer as sync.gd does (look without blocking, sleep
+    10 us, look again), never blocked in ``recv``; the frame read is the one sent, whenever it comes."""
+    game_side, trainer_side = socket.socketpair()
+    looks = _LookCounter(game_side)
+    reader = FrameReader(looks, godot_wait=True)  # type: ignore[arg-type]
+    body = b"actions for tick 7"
+    sender = threading.Timer(0.05, lambda: trainer_side.sendall(HEADER.pack(len(body)) + body))
+    sender.start()
+    try:
+        assert bytes(reader.read_frame()) == body
+        assert looks.empty >= 2 and looks.looks == looks.empty + 1  # it looked, slept, looked again, then read it
+        trainer_side.sendall(HEADER.pack(len(body)) + body)  # already there: read at the first look
+        before = looks.looks
+        assert bytes(reader.read_frame()) == body and looks.looks == before + 1
+    finally:
+        sender.join()
+        game_side.close()
+        trainer_side.close()
+
+
+def test_benchmark_runs_every_mode_with_games_waiting_as_godot_does_when_asked(tmp_path: Path) -> None:
+    """``benchmarks.run --godot-wait`` runs every game of every mode (the plugin game godot_rl serves, the native
+    game of the broker's modes and of both ceilings) waiting as a Godot game does, and says so."""
+    pytest.importorskip("godot_rl.core.godot_env", reason="the baseline needs `pip install --no-deps godot-rl==0.8.2`")
+    out = tmp_path / "godot_wait.json"
+    modes = "godot_rl_per_policy,broker_tcp,broker_plugin,inprocess,raw,relay,inprocess_ceiling"
+    args = ["--config", "2,vec8,2,1", "--modes", modes, "--measure", "0.5", "--out", str(out), "--godot-wait"]
+    stdout = run_benchmark("benchmarks.run", *args, timeout=600)
+    result = json.loads(out.read_text())
+    assert result["game_wait"] == "godot"
+    assert {row["mode"] for row in result["summary"]} == set(modes.split(","))
+    assert all(row["agent_steps_per_s"] > 0 and row["cpu_us_per_agent_step"]["game"] > 0 for row in result["summary"])
+    assert "games wait as Godot's do (--godot-wait)" in stdout
+    refused = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", "--godot-wait", "--world-game", "--config", "1,vec8,1,1"],
+        capture_output=True,
+        text=True,
+        env=python_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--godot-wait is for the lean games" in refused.stderr
+
+
 def test_benchmark_runs_every_mode_with_idle_cores_polling_when_asked(tmp_path: Path) -> None:
     """``benchmarks.run --idle-poll`` holds the idle cores polling for the whole run and says so in its JSON and
     table, with how often the cores entered each idle state meanwhile; where it may not, it refuses with why."""

@@ -148,11 +148,12 @@ class FrameReader:
         self.sock = sock
         self.buffer = bytearray(capacity)
         self.header = bytearray(HEADER.size)
-        self.spin_wait: SpinWait | GodotWait | None = GodotWait() if godot_wait else new_spin_wait(spin_wait_s)
+        # How a frame's first bytes are waited for (the rest of a frame is already on its way: read blocking).
+        self.first_wait: SpinWait | GodotWait | None = GodotWait() if godot_wait else new_spin_wait(spin_wait_s)
 
     def read_frame(self) -> memoryview:
         """The next frame's body, a view of the buffer (valid until the next read)."""
-        recv_exactly(self.sock, memoryview(self.header), self.spin_wait)
+        recv_exactly(self.sock, memoryview(self.header), self.first_wait)
         (length,) = HEADER.unpack(self.header)
         if length > len(self.buffer):
             self.buffer = bytearray(max(length, 2 * len(self.buffer)))

@@ -46,7 +46,7 @@ from clients.onnx_export import (
     action_layout,
 )
 from clients.sampler import DEFAULT_TIMEOUT_CLAIM, SamplerLink
-from clients.spaces import ActionCodec, convert_obs, observation_dict
+from clients.spaces import ActionCodec, ObsConverter, observation_dict
 
 AGENT_SEPARATOR = "/"
 
@@ -96,6 +96,7 @@ class BrokerMultiAgentEnv(MultiAgentEnv):
         )
         self.spaces: dict[str, PolicySpaces] = {p: info.spaces for p, info in self.link.policies.items()}
         self._codecs = {p: ActionCodec(s) for p, s in self.spaces.items()}
+        self._convert_obs = {p: ObsConverter(s) for p, s in self.spaces.items()}
         self._rows = {p: [agent_id(p, r) for r in range(info.n_envs)] for p, info in self.link.policies.items()}
         self.possible_agents = [a for rows in self._rows.values() for a in rows]
         self.agents = list(self.possible_agents)
@@ -118,7 +119,7 @@ class BrokerMultiAgentEnv(MultiAgentEnv):
         infos: dict[str, Any] = {}
         for policy, batch in batches.items():
             self._active[policy][:] = True
-            rows = convert_obs(self.spaces[policy], batch.data.obs)
+            rows = self._convert_obs[policy](batch.data.obs)
             for row, agent in enumerate(self._rows[policy]):
                 obs[agent] = {k: v[row] for k, v in rows.items()}
                 infos[agent] = {}
@@ -156,13 +157,13 @@ class BrokerMultiAgentEnv(MultiAgentEnv):
         infos: dict[str, Any],
     ) -> None:
         data = batch.data
-        spaces_ = self.spaces[policy]
-        rows = convert_obs(spaces_, data.obs)
+        convert_obs = self._convert_obs[policy]
+        rows = convert_obs(data.obs)
         finals: dict[int, int] = {}
         final_rows: dict[str, np.ndarray] = {}
         if data.final_index is not None and data.final_obs is not None:
             finals = {int(row): i for i, row in enumerate(data.final_index)}
-            final_rows = convert_obs(spaces_, data.final_obs)
+            final_rows = convert_obs(data.final_obs)
         active = self._active[policy]
         for row in np.flatnonzero(active):
             agent = self._rows[policy][row]

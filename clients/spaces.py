@@ -37,6 +37,7 @@ import numpy as np
 from gymnasium import spaces
 
 from broker.protocol.arrays import DTYPES
+from broker.protocol.native import NATIVE
 from broker.protocol.spaces import (
     ActionSpace,
     BoxSpace,
@@ -131,23 +132,35 @@ def observation_dict(policy: PolicySpaces) -> spaces.Dict:
     return spaces.Dict([(key, observation_space(space)) for key, space in policy.observation])
 
 
-def convert_obs(policy: PolicySpaces, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Wire observations -> writable C-contiguous arrays of the gymnasium spaces' dtypes.
+class ObsConverter:
+    """Wire observations -> writable C-contiguous arrays of the gymnasium spaces' dtypes, for one policy.
 
     Read-only views of a received frame are copied (one copy per key); an array that already is writable,
     contiguous and of the right dtype (the in-process broker's freshly concatenated batches) is handed over
-    as it is: copying it again would only cost time.
+    as it is: copying it again would only cost time. The keys and dtypes are worked out once (it runs every
+    step), and the common case is one call into the C codec.
     """
-    out = {}
-    for key, space in policy.observation:
-        dtype = np.dtype(space.dtype) if isinstance(space, BoxSpace) else np.dtype(np.int64)
-        array = obs[key]
-        flags = array.flags
-        if array.dtype == dtype and flags.writeable and flags.c_contiguous:
-            out[key] = array
-        else:
-            out[key] = np.array(array, dtype=dtype, copy=True)
-    return out
+
+    def __init__(self, policy: PolicySpaces) -> None:
+        self.plan = tuple(
+            (key, np.dtype(space.dtype) if isinstance(space, BoxSpace) else np.dtype(np.int64))
+            for key, space in policy.observation
+        )
+
+    def __call__(self, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if NATIVE is not None:
+            owned = NATIVE.owned_arrays(obs, self.plan)
+            if owned is not None:
+                return owned
+        out = {}
+        for key, dtype in self.plan:
+            array = obs[key]
+            flags = array.flags
+            if array.dtype == dtype and flags.writeable and flags.c_contiguous:
+                out[key] = array
+            else:
+                out[key] = np.array(array, dtype=dtype, copy=True)
+        return out
 
 
 class ActionCodec:
@@ -191,9 +204,14 @@ class ActionCodec:
             self._plan.append((key, kind, start, stop))
         self._discrete = isinstance(self.space, spaces.Discrete)
         self._one_key = len(self._plan) == 1  # a lone Box key spans every column: no slice needed
+        self._lone_box = self._one_key and self._plan[0][1] == "box"  # the usual case: one call into C
 
     def to_wire(self, actions: np.ndarray) -> dict[str, np.ndarray]:
         """SB3 actions for all envs -> one array per action key, in wire dtypes."""
+        if self._lone_box and NATIVE is not None:
+            clipped = NATIVE.clip_unit(actions)
+            if clipped is not None:
+                return {self.keys[0]: clipped}
         actions = np.asarray(actions)
         n = actions.shape[0]
         if self._discrete:

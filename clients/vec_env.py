@@ -24,7 +24,7 @@ from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOpti
 from broker.protocol.native import NATIVE
 from broker.protocol.ring import DEFAULT_RING_BYTES
 from clients.errors import BrokerError
-from clients.spaces import ActionCodec, convert_obs, observation_dict
+from clients.spaces import ActionCodec, ObsConverter, observation_dict
 from clients.transport import (
     DEFAULT_TIMEOUT_RECONNECT,
     SPIN_WAIT_S,
@@ -122,6 +122,7 @@ class BrokerVecEnv(VecEnv):
             info = self._reconnect(exc)
         assert isinstance(info, PolicyInfo)
         self.spaces = info.spaces
+        self._convert_obs = ObsConverter(info.spaces)
         self._codec = ActionCodec(info.spaces)
         self._attrs: dict[str, list[Any]] = {"render_mode": [None] * info.n_envs, "policy": [policy] * info.n_envs}
         self._adopt_layout(info)
@@ -193,7 +194,7 @@ class BrokerVecEnv(VecEnv):
         self._reset_seeds()
         self._reset_options()
         self.reset_infos = [dict(batch.data.infos.get(i, {})) for i in range(self.num_envs)]
-        self._last_obs = convert_obs(self.spaces, batch.data.obs)
+        self._last_obs = self._convert_obs(batch.data.obs)
         self.holding = batch.data.frames is not None
         self.returned_at = time.monotonic()
         return self._last_obs
@@ -215,16 +216,18 @@ class BrokerVecEnv(VecEnv):
         if resumed:
             return self._resume_after_reconnect(batch)
         data = batch.data
-        obs = convert_obs(self.spaces, data.obs)
-        terminated = np.asarray(data.terminated)
-        truncated = np.asarray(data.truncated)
-        dones = terminated | truncated
+        obs = self._convert_obs(data.obs)
         # SB3's own VecEnvs set TimeLimit.truncated on every step's info, not only at episode ends. SB3 wants
-        # one dict per env: built in C where it can (400 dicts in a few us), else in one comprehension.
-        infos: list[dict[str, Any]] | None = None
-        if NATIVE is not None:
-            infos = NATIVE.step_infos(terminated, truncated, data.frames)
-        if infos is None:
+        # one dict per env: built in C with the dones and their count where it can (400 dicts in a few us),
+        # else numpy's way.
+        ends = NATIVE.step_ends(data.terminated, data.truncated, data.frames) if NATIVE is not None else None
+        if ends is not None:
+            dones, infos, ended = ends
+        else:
+            terminated = np.asarray(data.terminated)
+            truncated = np.asarray(data.truncated)
+            dones = terminated | truncated
+            ended = int(np.count_nonzero(dones))
             time_limit = (truncated & ~terminated).tolist()
             if data.frames is None:
                 infos = [{"TimeLimit.truncated": t} for t in time_limit]
@@ -233,7 +236,7 @@ class BrokerVecEnv(VecEnv):
                 infos = [{"TimeLimit.truncated": t, "frames": f} for t, f in zip(time_limit, frames, strict=True)]
         for row, info in data.infos.items():
             infos[row].update(info)
-        if np.count_nonzero(dones):  # most steps end no episode: the count is cheaper than the rows
+        if ended:  # most steps end no episode
             done_rows = np.flatnonzero(dones)
             # Only the ended rows are copied (a writable row each), straight from the wire arrays.
             finals: dict[int, int] = {}
@@ -279,7 +282,7 @@ class BrokerVecEnv(VecEnv):
         """The interrupted step ends every episode, truncated at the last observation SB3 saw; the new
         session's observations start the next ones. Its reward is 0: no action of ours produced it."""
         data = batch.data
-        obs = convert_obs(self.spaces, data.obs)
+        obs = self._convert_obs(data.obs)
         last = self._last_obs if self._last_obs is not None else obs
         infos: list[dict[str, Any]] = []
         for row in range(self.num_envs):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from gymnasium import spaces
 
+import clients.spaces
 from broker.protocol.spaces import BoxSpace, ContinuousAction, DiscreteAction, MultiDiscreteAction, PolicySpaces
 from clients.spaces import ActionCodec
 
@@ -15,11 +17,20 @@ def _codec(*action: tuple[str, object]) -> ActionCodec:
     return ActionCodec(PolicySpaces(OBS, tuple(action)))  # type: ignore[arg-type]
 
 
-def test_one_continuous_key_is_clipped_to_its_box_and_sent_as_float32() -> None:
+@pytest.mark.parametrize("way", ["C codec", "numpy"])
+def test_one_continuous_key_is_clipped_to_its_box_and_sent_as_float32(
+    way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if way == "numpy":
+        monkeypatch.setattr(clients.spaces, "NATIVE", None)
     codec = _codec(("move", ContinuousAction(2)))
-    wire = codec.to_wire(np.array([[0.5, -3.0], [2.0, 0.25]], np.float64))
-    assert list(wire) == ["move"] and wire["move"].dtype == np.float32
-    np.testing.assert_array_equal(wire["move"], [[0.5, -1.0], [1.0, 0.25]])
+    for dtype in (np.float64, np.float32):
+        actions = np.array([[0.5, -3.0], [2.0, 0.25]], dtype)
+        wire = codec.to_wire(actions)
+        assert list(wire) == ["move"] and wire["move"].dtype == np.float32 and wire["move"].shape == (2, 2)
+        np.testing.assert_array_equal(wire["move"], [[0.5, -1.0], [1.0, 0.25]])
+        assert not np.shares_memory(wire["move"], actions)  # SB3's array is not the wire's
+    assert codec.to_wire([[0.5, -3.0]])["move"].tolist() == [[0.5, -1.0]]  # a list, as a user may pass
 
 
 def test_continuous_keys_beside_binary_ones_split_sb3s_box_by_column() -> None:

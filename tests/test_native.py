@@ -407,16 +407,68 @@ def test_returns_add_up_and_end_with_their_episodes_as_numpy_does(data: st.DataO
 
 
 @pytest.mark.parametrize("with_frames", [False, True])
-def test_sb3_step_infos_are_the_comprehension_s(with_frames: bool) -> None:
+def test_sb3_step_ends_are_numpy_s(with_frames: bool) -> None:
     rng = np.random.default_rng(3)
     terminated, truncated = rng.random(50) < 0.3, rng.random(50) < 0.3
     frames = rng.integers(1, 5, 50).astype(np.int32) if with_frames else None
-    infos = NATIVE.step_infos(terminated, truncated, frames)
+    ends = NATIVE.step_ends(terminated, truncated, frames)
+    assert ends is not None
+    dones, infos, ended = ends
     expected = [{"TimeLimit.truncated": t} for t in (truncated & ~terminated).tolist()]
     if frames is not None:
         expected = [{**info, "frames": f} for info, f in zip(expected, frames.tolist(), strict=True)]
     assert infos == expected and len({id(info) for info in infos}) == 50  # a dict of its own each
-    assert NATIVE.step_infos(terminated, truncated, np.ones(50, np.int64)) is None  # numpy's way
+    assert dones.dtype == np.bool_ and np.array_equal(dones, terminated | truncated)
+    assert ended == np.count_nonzero(terminated | truncated) > 0
+    assert NATIVE.step_ends(terminated, truncated, np.ones(50, np.int64)) is None  # numpy's way
+    assert NATIVE.step_ends(terminated.astype(np.int8), truncated, None) is None
+    assert NATIVE.step_ends(terminated, truncated[:10], None) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@given(data=st.data())
+@settings(max_examples=60, deadline=None)
+def test_clipped_actions_are_numpy_s(dtype: type, data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 20))
+    columns = data.draw(st.integers(1, 6))
+    values = data.draw(
+        st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=n * columns, max_size=n * columns)
+    )
+    actions = np.array(values, dtype).reshape(n, columns)
+    clipped = NATIVE.clip_unit(actions)
+    expected = np.minimum(np.maximum(actions, -1.0), 1.0).astype(np.float32)
+    assert clipped.dtype == np.float32 and clipped.shape == (n, columns) and clipped.flags.writeable
+    assert np.array_equal(clipped, expected, equal_nan=True)
+    assert np.array_equal(np.signbit(clipped), np.signbit(expected))  # -0.0 stays -0.0
+    assert clipped is not actions and not np.shares_memory(clipped, actions)
+
+
+def test_clip_unit_leaves_what_it_does_not_read_to_numpy() -> None:
+    one_column = NATIVE.clip_unit(np.array([3.0, -0.5], np.float32))
+    assert one_column.shape == (2, 1) and one_column.tolist() == [[1.0], [-0.5]]
+    assert NATIVE.clip_unit(np.zeros((4, 2), np.float16)) is None
+    assert NATIVE.clip_unit(np.zeros((4, 2), np.int64)) is None
+    assert NATIVE.clip_unit(np.zeros((4, 2, 2), np.float32)) is None
+    assert NATIVE.clip_unit(np.zeros((4, 4), np.float32)[:, ::2]) is None  # not contiguous
+    assert NATIVE.clip_unit(np.zeros((4, 2), ">f4")) is None
+    assert NATIVE.clip_unit([[0.5, 0.5]]) is None
+
+
+def test_owned_arrays_are_writable_and_of_the_plan_s_dtype() -> None:
+    frame = np.arange(16, dtype=np.float32)
+    frame.flags.writeable = False
+    read_only = frame.reshape(2, 8)
+    writable = np.ones((2, 3), np.int64)
+    plan = (("obs", np.dtype(np.float32)), ("cell", np.dtype(np.int64)))
+    owned = NATIVE.owned_arrays({"cell": writable, "obs": read_only}, plan)
+    assert list(owned) == ["obs", "cell"]  # the space's order
+    assert owned["cell"] is writable  # already the trainer's own: handed over
+    assert owned["obs"] is not read_only and owned["obs"].flags.writeable and owned["obs"].flags.c_contiguous
+    assert np.array_equal(owned["obs"], read_only) and not np.shares_memory(owned["obs"], frame)
+    assert NATIVE.owned_arrays({"obs": read_only}, plan) is None  # a key missing: Python's way decides
+    assert NATIVE.owned_arrays({"obs": read_only, "cell": writable.astype(np.int32)}, plan) is None  # a cast
+    assert NATIVE.owned_arrays({"obs": read_only[:, ::2], "cell": writable}, plan) is None  # not contiguous
+    assert NATIVE.owned_arrays({"obs": read_only, "cell": [1, 2]}, plan) is None
 
 
 # --- Godot Variant bodies ----------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from stable_baselines3 import PPO
 from stable_baselines3.common.env_checker import check_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecCheckNan, VecFrameStack, VecMonitor, VecNormalize
 
+import clients.spaces
+import clients.vec_env
 from broker.protocol.messages import StepData, StepOptions
 from broker.protocol.spaces import BoxSpace, DiscreteAction, GroupSpec, PolicySpaces
 from clients.errors import BrokerError
@@ -110,7 +112,13 @@ def counter_broker() -> Iterator[Callable[[], BrokerVecEnv]]:
     game.join(timeout=10)
 
 
-def test_matches_dummy_vec_env_step_by_step(counter_broker: Callable[[], BrokerVecEnv]) -> None:
+@pytest.mark.parametrize("way", ["C codec", "numpy"])
+def test_matches_dummy_vec_env_step_by_step(
+    counter_broker: Callable[[], BrokerVecEnv], way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if way == "numpy":  # what a build without the C codec returns must be the same
+        monkeypatch.setattr(clients.vec_env, "NATIVE", None)
+        monkeypatch.setattr(clients.spaces, "NATIVE", None)
     broker_env = counter_broker()
     dummy = DummyVecEnv([lambda i=i: make_env(i) for i in range(N_AGENTS)])
     assert broker_env.num_envs == dummy.num_envs == N_AGENTS

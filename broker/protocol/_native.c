@@ -1020,12 +1020,15 @@ static PyObject *native_add_returns(PyObject *self, PyObject *const *args, Py_ss
     return ended;
 }
 
-/* step_infos(terminated, truncated, frames) -> list[dict] | None: SB3's per-env infos of one step, a dict
- * each: {"TimeLimit.truncated": truncated and not terminated}, and "frames" (int32 rows) when given. */
-static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 3, "step_infos(terminated, truncated, frames)")) return NULL;
+/* step_ends(terminated, truncated, frames) -> (dones, infos, ended) | None: what SB3's step_wait returns of a
+ * step's ends: ``dones`` (terminated or truncated, a new bool array), one info dict per env
+ * ({"TimeLimit.truncated": truncated and not terminated}, and "frames" from int32 rows when given) and how many
+ * rows ended. None for arrays this does not read (numpy's way then). */
+static PyObject *native_step_ends(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 3, "step_ends(terminated, truncated, frames)")) return NULL;
     const unsigned char *terminated, *truncated;
     npy_intp n = read_flags(args[0], args[1], &terminated, &truncated);
+    if (n < 0) Py_RETURN_NONE;
     const char *frames = NULL;
     if (args[2] != Py_None) {
         PyArrayObject *f = (PyArrayObject *)args[2];
@@ -1034,9 +1037,13 @@ static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssi
             Py_RETURN_NONE;
         frames = PyArray_DATA(f);
     }
-    if (n < 0) Py_RETURN_NONE;
-    PyObject *infos = PyList_New(n);
+    PyObject *dones = PyArray_SimpleNew(1, &n, NPY_BOOL);
+    PyObject *infos = dones ? PyList_New(n) : NULL;
+    npy_intp ended = 0;
+    unsigned char *done = dones ? PyArray_DATA((PyArrayObject *)dones) : NULL;
     for (npy_intp i = 0; infos && i < n; i++) {
+        done[i] = (terminated[i] | truncated[i]) != 0;
+        ended += done[i];
         PyObject *info = PyDict_New();
         int ok = info != NULL &&
                  PyDict_SetItem(info, cfg.s_time_limit, (truncated[i] && !terminated[i]) ? Py_True : Py_False) == 0;
@@ -1054,7 +1061,76 @@ static PyObject *native_step_infos(PyObject *self, PyObject *const *args, Py_ssi
         }
         PyList_SET_ITEM(infos, i, info);
     }
-    return infos;
+    if (infos == NULL) {
+        Py_XDECREF(dones);
+        return NULL;
+    }
+    return Py_BuildValue("(NNn)", dones, infos, (Py_ssize_t)ended);
+}
+
+/* clip_unit(actions) -> float32 array | None: SB3's actions for a lone Box action key, as the clients send
+ * them: a new (n, columns) float32 array (a 1-d array becomes one column), each value clipped to [-1, 1] as
+ * np.minimum(np.maximum(a, -1), 1) clips it (NaN stays NaN). None for arrays this does not read. */
+static PyObject *native_clip_unit(PyObject *self, PyObject *arg) {
+    if (!PyArray_Check(arg)) Py_RETURN_NONE;
+    PyArrayObject *a = (PyArrayObject *)arg;
+    int type = PyArray_TYPE(a), ndim = PyArray_NDIM(a);
+    if ((type != NPY_FLOAT32 && type != NPY_FLOAT64) || (ndim != 1 && ndim != 2) || !PyArray_IS_C_CONTIGUOUS(a) ||
+        !PyArray_ISALIGNED(a) || PyArray_ISBYTESWAPPED(a))
+        Py_RETURN_NONE;
+    npy_intp dims[2] = {PyArray_DIMS(a)[0], ndim == 2 ? PyArray_DIMS(a)[1] : 1};
+    PyObject *out = PyArray_SimpleNew(2, dims, NPY_FLOAT32);
+    if (out == NULL) return NULL;
+    float *to = PyArray_DATA((PyArrayObject *)out);
+    npy_intp size = dims[0] * dims[1];
+    if (type == NPY_FLOAT32) {
+        const float *from = PyArray_DATA(a);
+        for (npy_intp i = 0; i < size; i++) {
+            float v = from[i];
+            to[i] = v < -1.0f ? -1.0f : v > 1.0f ? 1.0f : v;
+        }
+    } else {
+        const double *from = PyArray_DATA(a);
+        for (npy_intp i = 0; i < size; i++) {
+            double v = from[i];
+            to[i] = (float)(v < -1.0 ? -1.0 : v > 1.0 ? 1.0 : v);
+        }
+    }
+    return out;
+}
+
+/* owned_arrays(arrays, plan) -> dict | None: clients.spaces.convert_obs's common case. ``plan`` holds (key,
+ * dtype) pairs in the space's order; each array of that exact dtype, C-contiguous, is handed over as it is
+ * when writable, else copied into a new array of its own. None when any key is missing or needs a cast or a
+ * layout change (numpy's way then). */
+static PyObject *native_owned_arrays(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 2, "owned_arrays(arrays, plan)")) return NULL;
+    PyObject *arrays = args[0], *plan = args[1];
+    if (!PyDict_CheckExact(arrays) || !PyTuple_CheckExact(plan)) Py_RETURN_NONE;
+    Py_ssize_t n = PyTuple_GET_SIZE(plan);
+    for (Py_ssize_t j = 0; j < n; j++) { /* decided before anything is built */
+        PyObject *entry = PyTuple_GET_ITEM(plan, j);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 || !PyArray_DescrCheck(PyTuple_GET_ITEM(entry, 1)))
+            Py_RETURN_NONE;
+        PyObject *value = PyDict_GetItemWithError(arrays, PyTuple_GET_ITEM(entry, 0));
+        if (value == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyArrayObject *a = (PyArrayObject *)value;
+        if (!PyArray_Check(value) || !PyArray_IS_C_CONTIGUOUS(a) ||
+            !PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)PyTuple_GET_ITEM(entry, 1)))
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyDict_New();
+    for (Py_ssize_t j = 0; out && j < n; j++) {
+        PyObject *entry = PyTuple_GET_ITEM(plan, j), *key = PyTuple_GET_ITEM(entry, 0);
+        PyArrayObject *a = (PyArrayObject *)PyDict_GetItem(arrays, key);
+        PyObject *owned = PyArray_ISWRITEABLE(a) ? Py_NewRef(a) : PyArray_NewCopy(a, NPY_CORDER);
+        if (owned == NULL || PyDict_SetItem(out, key, owned) < 0) Py_CLEAR(out);
+        Py_XDECREF(owned);
+    }
+    return out;
 }
 
 /* new(cls, *values) -> message: cls.unchecked(*values) for the step data and the per-step messages (every
@@ -1318,8 +1394,11 @@ static PyMethodDef methods[] = {
      "ended_rows(terminated, truncated): how many rows ended their episode; None: not read here."},
     {"add_returns", (PyCFunction)(void (*)(void))native_add_returns, METH_FASTCALL,
      "add_returns(returns, reward, terminated, truncated): the ended rows' returns; None: not read here."},
-    {"step_infos", (PyCFunction)(void (*)(void))native_step_infos, METH_FASTCALL,
-     "step_infos(terminated, truncated, frames): SB3's per-env info dicts of a step; None: not read here."},
+    {"step_ends", (PyCFunction)(void (*)(void))native_step_ends, METH_FASTCALL,
+     "step_ends(terminated, truncated, frames): SB3's dones, per-env infos and ended count; None: not read here."},
+    {"clip_unit", native_clip_unit, METH_O, "clip_unit(actions): a new (n, columns) float32 array in [-1, 1]; None."},
+    {"owned_arrays", (PyCFunction)(void (*)(void))native_owned_arrays, METH_FASTCALL,
+     "owned_arrays(arrays, plan): each array of the plan's dtype, writable (copied if not); None: numpy's way."},
     {"new", (PyCFunction)(void (*)(void))native_new, METH_FASTCALL,
      "new(cls, *values): cls.unchecked(*values) for a configured message class, every field given."},
     {"rows_match", (PyCFunction)(void (*)(void))native_rows_match, METH_FASTCALL,

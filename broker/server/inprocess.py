@@ -76,7 +76,10 @@ class ServerThread:
         # on the main thread each time); else uvloop, run by the daemon thread alone.
         self.loop = asyncio.SelectorEventLoop(self._selector) if self._selector is not None else new_event_loop()
         self.closed = False
-        self._state = threading.Condition(threading.Lock())  # guards the fields below
+        # Guards the fields below. Its lock is taken directly where nobody waits or is notified (claim, release:
+        # every step): the lock's own context manager is C, the Condition's a Python method.
+        self._lock = threading.Lock()
+        self._state = threading.Condition(self._lock)
         self._driver: object | None = self  # who runs the loop: a trainer's _HubSide, self (daemon), None
         self._idle_since = time.monotonic()
         self._waiters: list[_HubSide] = []  # trainers blocked on their inbox while another drives
@@ -132,7 +135,7 @@ class ServerThread:
         when the daemon thread alone runs the loop."""
         if not self.trainers_drive:
             return False
-        with self._state:
+        with self._lock:
             if self._driver is None:
                 self._driver = side
                 return True
@@ -144,7 +147,7 @@ class ServerThread:
 
     def release(self, driver: object) -> None:
         """``driver`` stopped running the loop: wake the trainers waiting to run it."""
-        with self._state:
+        with self._lock:
             if self._driver is not driver:
                 return
             self._driver = None
@@ -396,6 +399,8 @@ class InProcessTrainer:
         """The next message in the inbox, skipping WAKEs; None if there is none (not blocking) or on a WAKE."""
         inbox = self._side.inbox
         while True:
+            if not block and inbox.empty():  # the usual case: no exception raised and caught
+                return None
             try:
                 item = inbox.get(block)
             except queue.Empty:

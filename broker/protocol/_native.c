@@ -1099,7 +1099,7 @@ static PyObject *native_clip_unit(PyObject *self, PyObject *arg) {
     return out;
 }
 
-/* owned_arrays(arrays, plan) -> dict | None: clients.spaces.convert_obs's common case. ``plan`` holds (key,
+/* owned_arrays(arrays, plan) -> dict | None: clients.spaces.ObsConverter's common case. ``plan`` holds (key,
  * dtype) pairs in the space's order; each array of that exact dtype, C-contiguous, is handed over as it is
  * when writable, else copied into a new array of its own. None when any key is missing or needs a cast or a
  * layout change (numpy's way then). */

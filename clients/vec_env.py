@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env.base_vec_env import VecEnvIndices, VecEnvO
 from broker.protocol import DEFAULT_ADDRESS, PROTOCOL_VERSION
 from broker.protocol.errors import ErrorCode
 from broker.protocol.hot import new_act
-from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepOptions, TrainerReset, Waiting
+from broker.protocol.messages import Batch, Hello, Message, PolicyInfo, StepData, StepOptions, TrainerReset, Waiting
 from broker.protocol.native import NATIVE
 from broker.protocol.ring import DEFAULT_RING_BYTES
 from clients.errors import BrokerError
@@ -237,22 +237,7 @@ class BrokerVecEnv(VecEnv):
         for row, info in data.infos.items():
             infos[row].update(info)
         if ended:  # most steps end no episode
-            done_rows = np.flatnonzero(dones)
-            # Only the ended rows are copied (a writable row each), straight from the wire arrays.
-            finals: dict[int, int] = {}
-            if data.final_index is not None and data.final_obs is not None:
-                finals = dict(zip(data.final_index.tolist(), range(len(data.final_index)), strict=True))
-            spaces = self.observation_space.spaces  # type: ignore[attr-defined]
-            for row in done_rows.tolist():
-                j = finals.get(row)
-                if j is not None:
-                    source = data.final_obs
-                    assert source is not None
-                    infos[row]["terminal_observation"] = {
-                        k: np.array(v[j], dtype=spaces[k].dtype) for k, v in source.items()
-                    }
-                else:
-                    infos[row]["terminal_observation"] = {k: v[row].copy() for k, v in obs.items()}
+            put_terminal_obs(infos, dones, data, obs, self._convert_obs.plan)
         self._last_obs = obs
         self.holding = data.frames is not None
         self.returned_at = time.monotonic()
@@ -404,3 +389,30 @@ class BrokerEnv(gym.Env[dict[str, np.ndarray], Any]):
 
     def close(self) -> None:
         self.venv.close()
+
+
+def put_terminal_obs(
+    infos: list[dict[str, Any]],
+    dones: np.ndarray,
+    data: StepData,
+    obs: dict[str, np.ndarray],
+    plan: tuple[tuple[str, np.dtype[Any]], ...],
+) -> None:
+    """SB3's ``terminal_observation`` in the info of every row that ended: the game's final observation of that
+    row (of the space's dtype, ``plan``) when the step has one, else the row of ``obs``; a writable row each,
+    copied straight from the wire arrays. In one C call where it reads the arrays (cold, numpy's way costs tens of
+    microseconds a step at 400 agents)."""
+    if NATIVE is not None and NATIVE.terminal_obs(infos, dones, data.final_index, data.final_obs, obs, plan):
+        return
+    finals: dict[int, int] = {}
+    if data.final_index is not None and data.final_obs is not None:
+        finals = dict(zip(data.final_index.tolist(), range(len(data.final_index)), strict=True))
+    dtypes = dict(plan)
+    for row in np.flatnonzero(dones).tolist():
+        j = finals.get(row)
+        if j is not None:
+            source = data.final_obs
+            assert source is not None
+            infos[row]["terminal_observation"] = {k: np.array(v[j], dtype=dtypes[k]) for k, v in source.items()}
+        else:
+            infos[row]["terminal_observation"] = {k: v[row].copy() for k, v in obs.items()}

@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import clients.vec_env
 from broker.protocol import hot, variant
 from broker.protocol.codec import BodyKind, encode_message_frame
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
@@ -469,6 +472,78 @@ def test_owned_arrays_are_writable_and_of_the_plan_s_dtype() -> None:
     assert NATIVE.owned_arrays({"obs": read_only, "cell": writable.astype(np.int32)}, plan) is None  # a cast
     assert NATIVE.owned_arrays({"obs": read_only[:, ::2], "cell": writable}, plan) is None  # not contiguous
     assert NATIVE.owned_arrays({"obs": read_only, "cell": [1, 2]}, plan) is None
+
+
+def _numpy_terminal_obs(
+    infos: list[dict[str, Any]], dones: np.ndarray, index: Any, final: Any, obs: Any, plan: Any
+) -> None:
+    with mock.patch.object(clients.vec_env, "NATIVE", None):
+        clients.vec_env.put_terminal_obs(
+            infos, dones, cast(StepData, SimpleNamespace(final_index=index, final_obs=final)), obs, plan
+        )
+
+
+@given(data=st.data())
+@settings(max_examples=80, deadline=None)
+def test_terminal_observations_are_numpy_s(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 12))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    dones = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), np.bool_)
+    plan = (("obs", np.dtype(np.float32)), ("cell", np.dtype(np.int64)))
+    obs = {"obs": rng.random((n, 3)).astype(np.float32), "cell": rng.integers(0, 9, (n, 2, 2))}
+    k = data.draw(st.integers(0, 6))
+    # Rows the game may name: any, repeated, out of range, not ended (the last entry naming a row wins).
+    index = np.array(data.draw(st.lists(st.integers(-2, n + 2), min_size=k, max_size=k)), np.int32)
+    wire = {"cell": rng.integers(0, 9, (k, 2, 2)), "obs": rng.random((k, 3)).astype(np.float32)}  # another order
+    for array in wire.values():
+        array.flags.writeable = False  # views of the frame, as the trainer's socket gives them
+    given_finals = data.draw(st.booleans())
+    final_index, final_obs = (index, wire) if given_finals else (None, None)
+    infos_c = [{"TimeLimit.truncated": bool(i % 2)} for i in range(n)]
+    infos_numpy = [dict(info) for info in infos_c]
+    assert NATIVE.terminal_obs(infos_c, dones, final_index, final_obs, obs, plan) is True
+    _numpy_terminal_obs(infos_numpy, dones, final_index, final_obs, obs, plan)
+    assert [list(info) for info in infos_c] == [list(info) for info in infos_numpy]
+    sources = [*obs.values(), *wire.values()]
+    for c_info, numpy_info in zip(infos_c, infos_numpy, strict=True):
+        if "terminal_observation" not in numpy_info:
+            continue
+        c_terminal, numpy_terminal = c_info["terminal_observation"], numpy_info["terminal_observation"]
+        assert list(c_terminal) == list(numpy_terminal)  # the same keys, in the same order
+        for key, expected in numpy_terminal.items():
+            got = c_terminal[key]
+            assert got.dtype == expected.dtype and got.shape == expected.shape and np.array_equal(got, expected)
+            assert got.flags.writeable and got.flags.c_contiguous and got.flags.owndata
+            assert not any(np.shares_memory(got, source) for source in sources)
+
+
+def test_terminal_obs_leaves_what_it_does_not_read_to_numpy() -> None:
+    plan = (("obs", np.dtype(np.float32)),)
+    dones = np.array([True, False, True])
+    obs = {"obs": np.zeros((3, 2), np.float32)}
+    index = np.array([0], np.int32)
+
+    def refused(infos: Any = None, dones: Any = dones, index: Any = index, final: Any = None, obs: Any = obs) -> bool:
+        infos = [{}, {}, {}] if infos is None else infos
+        before = [dict(info) for info in infos] if all(isinstance(i, dict) for i in infos) else None
+        result = NATIVE.terminal_obs(infos, dones, index, final, obs, plan)
+        return result is None and (before is None or infos == before)  # nothing changed
+
+    assert refused(final={"obs": np.zeros((1, 2), np.float64)})  # a cast: numpy's way
+    assert refused(final={"other": np.zeros((1, 2), np.float32)})  # a key the space does not have
+    assert refused(final={"obs": np.zeros((1, 4), np.float32)[:, ::2]})  # not contiguous
+    assert refused(final={"obs": np.zeros((2, 2), np.float32)})  # rows other than final_index's
+    assert refused(index=np.array([0], np.int64), final={"obs": np.zeros((1, 2), np.float32)})
+    assert refused(obs={"obs": np.zeros(3, np.float32)})  # 1-d: a row is a scalar
+    assert refused(dones=np.array([1, 0, 1], np.int8))
+    assert refused(infos=[{}, {}])
+    assert refused(infos=[{}, {}, None])
+    # Without final observations every ended row's terminal observation is its row of obs.
+    infos: list[dict[str, Any]] = [{}, {}, {}]
+    obs["obs"][2] = 7.0
+    assert NATIVE.terminal_obs(infos, dones, None, {"obs": np.ones((1, 2), np.float32)}, obs, plan) is True
+    assert infos[0]["terminal_observation"]["obs"].tolist() == [0.0, 0.0] and "terminal_observation" not in infos[1]
+    assert infos[2]["terminal_observation"]["obs"].tolist() == [7.0, 7.0]
 
 
 # --- Godot Variant bodies ----------------------------------------------------------------------------------

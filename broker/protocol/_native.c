@@ -41,7 +41,8 @@ static struct {
     PyObject *empty_str;
     /* attribute names, interned */
     PyObject *s_tick, *s_groups, *s_step, *s_data, *s_policy, *s_actions, *s_obs, *s_reward, *s_terminated,
-        *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B, *s_time_limit;
+        *s_truncated, *s_final_index, *s_final_obs, *s_infos, *s_frames, *s_cast, *s_B, *s_time_limit,
+        *s_terminal;
 } cfg;
 
 /* A fast-call's argument count, or a TypeError naming the call. */
@@ -1133,6 +1134,95 @@ static PyObject *native_owned_arrays(PyObject *self, PyObject *const *args, Py_s
     return out;
 }
 
+/* A new C-contiguous array holding row ``row`` of ``source`` (C-contiguous, ndim >= 2), of ``source``'s dtype:
+ * what ``source[row].copy()`` gives, without the view. */
+static PyObject *row_copy(PyArrayObject *source, npy_intp row) {
+    PyArray_Descr *descr = PyArray_DESCR(source);
+    Py_INCREF(descr);
+    PyObject *out = PyArray_NewFromDescr(&PyArray_Type, descr, PyArray_NDIM(source) - 1, PyArray_DIMS(source) + 1,
+                                         NULL, NULL, 0, NULL);
+    if (out == NULL) return NULL;
+    npy_intp bytes = PyArray_NBYTES((PyArrayObject *)out);
+    memcpy(PyArray_DATA((PyArrayObject *)out), PyArray_BYTES(source) + row * bytes, (size_t)bytes);
+    return out;
+}
+
+/* Whether ``value`` is an array row_copy reads: C-contiguous, ndim >= 2, ``rows`` rows (and, given, of ``dtype``). */
+static int rows_array(PyObject *value, npy_intp rows, PyObject *dtype) {
+    if (!PyArray_Check(value)) return 0;
+    PyArrayObject *a = (PyArrayObject *)value;
+    return PyArray_NDIM(a) >= 2 && PyArray_DIMS(a)[0] == rows && PyArray_IS_C_CONTIGUOUS(a) &&
+           (dtype == NULL || PyArray_EquivTypes(PyArray_DESCR(a), (PyArray_Descr *)dtype));
+}
+
+/* terminal_obs(infos, dones, final_index, final_obs, obs, plan) -> True | None: SB3's "terminal_observation" in the
+ * info of every row that ended: a new array per key of the game's final observation of that row when the step
+ * has one (the last entry of final_index naming the row), else of the row of ``obs`` (the step's own, as
+ * godot_rl gives it). ``plan``: ObsConverter's (key, dtype) pairs, the dtype each final observation must have.
+ * None, and nothing changed, for what this does not read: a cast, 1-d arrays, other layouts (numpy's way). */
+static PyObject *native_terminal_obs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 6, "terminal_obs(infos, dones, final_index, final_obs, obs, plan)")) return NULL;
+    PyObject *infos = args[0], *index = args[2], *final_obs = args[3], *obs = args[4], *plan = args[5];
+    if (!PyList_CheckExact(infos) || !PyDict_CheckExact(obs) || !PyTuple_CheckExact(plan)) Py_RETURN_NONE;
+    npy_intp n = PyList_GET_SIZE(infos);
+    const unsigned char *done = flags_of(args[1], n);
+    if (done == NULL) Py_RETURN_NONE;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(obs, &pos, &key, &value))
+        if (!rows_array(value, n, NULL)) Py_RETURN_NONE;
+    npy_intp k = 0;
+    const char *rows = NULL;
+    int finals = index != Py_None && final_obs != Py_None;
+    if (finals) {
+        PyArrayObject *a = (PyArrayObject *)index;
+        if (!PyArray_Check(index) || PyArray_NDIM(a) != 1 || PyArray_TYPE(a) != NPY_INT32 ||
+            !PyArray_IS_C_CONTIGUOUS(a) || PyArray_ISBYTESWAPPED(a) || !PyDict_CheckExact(final_obs))
+            Py_RETURN_NONE;
+        k = PyArray_DIMS(a)[0];
+        rows = PyArray_DATA(a);
+        pos = 0;
+        while (PyDict_Next(final_obs, &pos, &key, &value)) {
+            PyObject *dtype = NULL;
+            for (Py_ssize_t j = 0; dtype == NULL && j < PyTuple_GET_SIZE(plan); j++) {
+                PyObject *entry = PyTuple_GET_ITEM(plan, j);
+                if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) Py_RETURN_NONE;
+                int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 0), key, Py_EQ);
+                if (same < 0) return NULL;
+                if (same) dtype = PyTuple_GET_ITEM(entry, 1);
+            }
+            if (dtype == NULL || !PyArray_DescrCheck(dtype) || !rows_array(value, k, dtype)) Py_RETURN_NONE;
+        }
+    }
+    for (npy_intp i = 0; i < n; i++)
+        if (done[i] && !PyDict_CheckExact(PyList_GET_ITEM(infos, i))) Py_RETURN_NONE;
+    /* Each row's entry in final_index (the last one naming it), -1 for none: one pass, as a dict of them would. */
+    npy_intp *final_of = PyMem_Malloc(sizeof(npy_intp) * (size_t)(n ? n : 1));
+    if (final_of == NULL) return PyErr_NoMemory();
+    for (npy_intp i = 0; i < n; i++) final_of[i] = -1;
+    for (npy_intp j = 0; j < k; j++) {
+        int32_t row;
+        memcpy(&row, rows + j * sizeof row, sizeof row);
+        if (row >= 0 && row < n) final_of[row] = j;
+    }
+    PyObject *result = Py_True;
+    for (npy_intp i = 0; result && i < n; i++) {
+        if (!done[i]) continue;
+        PyObject *source = final_of[i] >= 0 ? final_obs : obs, *terminal = PyDict_New();
+        npy_intp row = final_of[i] >= 0 ? final_of[i] : i;
+        pos = 0;
+        while (terminal && PyDict_Next(source, &pos, &key, &value)) {
+            PyObject *copy = row_copy((PyArrayObject *)value, row);
+            if (copy == NULL || PyDict_SetItem(terminal, key, copy) < 0) Py_CLEAR(terminal);
+            Py_XDECREF(copy);
+        }
+        if (terminal == NULL || PyDict_SetItem(PyList_GET_ITEM(infos, i), cfg.s_terminal, terminal) < 0) result = NULL;
+        Py_XDECREF(terminal);
+    }
+    PyMem_Free(final_of);
+    return Py_XNewRef(result);
+}
+
 /* new(cls, *values) -> message: cls.unchecked(*values) for the step data and the per-step messages (every
  * field given, in constructor order), without the Python frame. A TypeError for any other class or count. */
 static PyObject *native_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1399,6 +1489,8 @@ static PyMethodDef methods[] = {
     {"clip_unit", native_clip_unit, METH_O, "clip_unit(actions): a new (n, columns) float32 array in [-1, 1]; None."},
     {"owned_arrays", (PyCFunction)(void (*)(void))native_owned_arrays, METH_FASTCALL,
      "owned_arrays(arrays, plan): each array of the plan's dtype, writable (copied if not); None: numpy's way."},
+    {"terminal_obs", (PyCFunction)(void (*)(void))native_terminal_obs, METH_FASTCALL,
+     "terminal_obs(infos, dones, final_index, final_obs, obs, plan): SB3's terminal observations; None: numpy's way."},
     {"new", (PyCFunction)(void (*)(void))native_new, METH_FASTCALL,
      "new(cls, *values): cls.unchecked(*values) for a configured message class, every field given."},
     {"rows_match", (PyCFunction)(void (*)(void))native_rows_match, METH_FASTCALL,
@@ -1426,7 +1518,8 @@ PyMODINIT_FUNC PyInit__native(void) {
                  {&cfg.s_obs, "obs"},         {&cfg.s_reward, "reward"},           {&cfg.s_terminated, "terminated"},
                  {&cfg.s_truncated, "truncated"}, {&cfg.s_final_index, "final_index"}, {&cfg.s_final_obs, "final_obs"},
                  {&cfg.s_infos, "infos"},     {&cfg.s_frames, "frames"},           {&cfg.s_cast, "cast"},
-                 {&cfg.s_B, "B"},             {&cfg.empty_str, ""},                {&cfg.s_time_limit, "TimeLimit.truncated"}};
+                 {&cfg.s_B, "B"},             {&cfg.empty_str, ""},                {&cfg.s_time_limit, "TimeLimit.truncated"},
+                 {&cfg.s_terminal, "terminal_observation"}};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].text);
         if (*names[i].slot == NULL) {

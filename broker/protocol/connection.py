@@ -80,6 +80,8 @@ class State(Enum):
     READY = "ready"
     CLOSED = "closed"
 
+    __hash__ = object.__hash__  # members are singletons; keeps _ALLOWED's lookup (every message) in C
+
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # compiled (broker/compiled.py); broker/legacy adds its own
 class ConnectionEvent:

@@ -35,8 +35,9 @@ from types import ModuleType
 from typing import Final
 
 # What every step runs through: the hub and its parts, the fast decode and encode, framing, body kinds, the
-# stepping options, the checks, the connections, a peer's receive loop and writes, and a godot_rl game's or
-# script's per-step glue around legacy/_wire.c (the server, which tests instrument, stays interpreted; so do
+# stepping options, the checks, the connections, a peer's receive loop and writes, the polling of the loop and
+# of the clients' sockets (a call after every read), and a godot_rl game's or script's per-step glue around
+# legacy/_wire.c (the server, which tests instrument, stays interpreted; so do
 # codec.py's msgspec structs and calls.py's generic records, which mypyc does not take).
 COMPILED_MODULES: Final = (
     "broker.core.accumulate",
@@ -66,6 +67,8 @@ COMPILED_MODULES: Final = (
     "broker.protocol.spaces",
     "broker.protocol.stepping",
     "broker.server.peer",
+    "broker.server.spinning",
+    "broker.tuning",
 )
 # Hand-written C beside them, each module with its source: the per-step messages' codec without a Python object
 # per field (broker/protocol/_native.c), and a godot_rl plugin game's per-step JSON read into arrays and written

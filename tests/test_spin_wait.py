@@ -179,7 +179,7 @@ class RecordingSelector(selectors.DefaultSelector):
 
 
 def test_the_in_process_loops_selector_polls_before_it_sleeps(pair: tuple[socket.socket, socket.socket]) -> None:
-    from broker.server.spinning import SpinningSelector
+    from broker.server.inprocess import SpinningSelector
 
     class Spinning(SpinningSelector, RecordingSelector):
         pass

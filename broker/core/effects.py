@@ -8,7 +8,7 @@ understands when the caller hands them back to ``Hub.timer_fired`` after ``delay
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol, final
 
 from broker.protocol.messages import Error, Message
 
@@ -46,10 +46,28 @@ class StallCheck:
 Timer = Deadline | IdleTick | StallCheck
 
 
-@dataclass(frozen=True, slots=True)
+@final
 class Send:
-    peer: Peer
-    message: Message
+    """Send ``message`` to ``peer``.
+
+    Every step makes several, so it is a plain class: compiled, its constructor is C (about 0.1 us against
+    0.6 for a frozen dataclass, whose ``__init__`` stays Python under mypyc). Its attributes are ``Final``:
+    mypy refuses a write, and compiled they are read-only (AttributeError)."""
+
+    __slots__ = ("message", "peer")
+
+    def __init__(self, peer: Peer, message: Message) -> None:
+        self.peer: Final = peer
+        self.message: Final = message
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Send) and self.peer == other.peer and self.message == other.message
+
+    def __hash__(self) -> int:
+        return hash((self.peer, self.message))
+
+    def __repr__(self) -> str:
+        return f"Send(peer={self.peer!r}, message={self.message!r})"
 
 
 @dataclass(frozen=True, slots=True)

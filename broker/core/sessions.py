@@ -91,14 +91,15 @@ class Slot:
     claimed: dict[str, PolicyState] | None = None  # once claimed, always a sampler's slot: where its groups go
 
 
-@dataclass(eq=False)
 class OpenBatch:
-    """A batch sent to the policy's trainer and not answered yet, with the games whose rows it holds."""
+    """A batch sent to the policy's trainer and not answered yet, with the games whose rows it holds. Made
+    once a step: a plain class, whose compiled constructor is C (a dataclass's ``__init__`` stays Python)."""
 
-    batch: Batch
-    since: float
-    games: dict[int, GameSession]  # slot -> the game then in it
-    infos_dropped: bool = False  # already re-sent without the infos its trainer's codec refused
+    def __init__(self, batch: Batch, since: float, games: dict[int, GameSession]) -> None:
+        self.batch = batch
+        self.since = since
+        self.games = games  # slot -> the game then in it
+        self.infos_dropped = False  # already re-sent without the infos its trainer's codec refused
 
 
 @dataclass(eq=False)

@@ -28,7 +28,9 @@ program will attach here:
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import selectors
 import threading
 import time
 from collections.abc import Callable
@@ -39,7 +41,7 @@ from broker.protocol.errors import ErrorCode, ProtocolError
 from broker.protocol.messages import Close, Error, Hello, Message, TrainerAct, TrainerReset
 from broker.server.config import ServerConfig
 from broker.server.server import BrokerServer, new_event_loop
-from broker.server.spinning import SpinningSelector
+from broker.tuning import SPIN_WAIT_S, SpinBudget
 
 INBOX_LIMIT = 64  # messages queued for one in-process trainer; lock-step needs a handful
 CALL_TIMEOUT_S = 30.0  # a call onto the loop that takes longer means the loop is stuck
@@ -55,6 +57,36 @@ class _Wake:
 
 
 WAKE = _Wake()
+
+
+class SpinningSelector(selectors.DefaultSelector):
+    """The selector of the loop a waiting trainer runs on its own thread: its first wait is for the games' next
+    step, which a wait that polls for a while (``SpinBudget``, as the clients' sockets wait) takes without a
+    wake-up; then it sleeps as usual."""
+
+    def __init__(self, spin_s: float = SPIN_WAIT_S, polls: bool = True) -> None:
+        super().__init__()
+        self.budget = SpinBudget(spin_s)
+        self.polls = polls  # set by the loop's runner: off, every select sleeps at once
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if self.polls and (timeout is None or timeout > 0):
+            spin_s = self.budget.next_spin()
+            if spin_s:
+                started = time.perf_counter()
+                until = started + (spin_s if timeout is None else min(spin_s, timeout))
+                while True:
+                    ready = super().select(0)
+                    if ready:
+                        self.budget.found()
+                        return ready
+                    if time.perf_counter() >= until:
+                        break
+                    os.sched_yield()
+                self.budget.missed()
+                if timeout is not None:
+                    timeout = max(0.0, timeout - (time.perf_counter() - started))
+        return super().select(timeout)
 
 
 class ServerThread:

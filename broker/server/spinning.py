@@ -1,48 +1,18 @@
-"""Event loops that poll for a while before they sleep, as the clients' sockets wait (broker/tuning.py).
+"""The broker's uvloop loop polls for a while before it sleeps, as the clients' sockets wait (broker/tuning.py).
 
-``SpinningSelector``: for the event loop an in-process trainer runs on its own thread.
-
-The trainer's thread, waiting in ``step_wait``, runs the broker's loop until its batch is in (inprocess.py);
-that loop's first wait is for the games' next step. Asleep in ``epoll_wait``, the loop costs each game's write
-a wake-up; polling for a while first (``SpinBudget``, broker/tuning.py: the clients' sockets wait the same
-way) takes a step that comes soon without one. The standard loop takes any selector; uvloop takes none, so
-``LoopSpinner`` keeps a uvloop loop (the daemon's, the in-process daemon thread's) polling instead.
+Asleep in ``epoll_wait``, the loop costs each peer's write a wake-up; polling for a while first (``SpinBudget``)
+takes a message that comes soon without one. uvloop takes no selector, so ``LoopSpinner`` keeps a callback
+ready instead. Compiled (broker/compiled.py): every read calls it. The standard loop an in-process trainer runs
+on its own thread polls through its selector (``SpinningSelector``, inprocess.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import selectors
 import time
 
 from broker.tuning import SPIN_WAIT_S, SpinBudget
-
-
-class SpinningSelector(selectors.DefaultSelector):
-    def __init__(self, spin_s: float = SPIN_WAIT_S, polls: bool = True) -> None:
-        super().__init__()
-        self.budget = SpinBudget(spin_s)
-        self.polls = polls  # set by the loop's runner: off, every select sleeps at once
-
-    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
-        if self.polls and (timeout is None or timeout > 0):
-            spin_s = self.budget.next_spin()
-            if spin_s:
-                started = time.perf_counter()
-                until = started + (spin_s if timeout is None else min(spin_s, timeout))
-                while True:
-                    ready = super().select(0)
-                    if ready:
-                        self.budget.found()
-                        return ready
-                    if time.perf_counter() >= until:
-                        break
-                    os.sched_yield()
-                self.budget.missed()
-                if timeout is not None:
-                    timeout = max(0.0, timeout - (time.perf_counter() - started))
-        return super().select(timeout)
 
 
 class LoopSpinner:

@@ -69,6 +69,26 @@ def test_this_process_runs_the_compiled_modules(compiled_build: None) -> None:
         assert file is not None and not file.endswith(".py"), module
 
 
+def test_the_compiled_send_effect_is_read_only_and_compares_by_value(compiled_build: None) -> None:
+    """``Send`` is a plain class for its compiled constructor; its ``Final`` attributes keep it immutable."""
+    from broker.core.effects import Send
+    from broker.protocol.messages import Close
+
+    class Peer:
+        label = "game 0"
+
+    peer = Peer()
+    send = Send(peer, Close("bye"))
+    with pytest.raises(AttributeError):
+        send.peer = Peer()  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        send.message = Close("other")  # type: ignore[misc]
+    assert send == Send(peer, Close("bye"))
+    assert send != Send(peer, Close("other")) and send != Send(Peer(), Close("bye"))
+    assert hash(send) == hash(Send(peer, Close("bye")))
+    assert repr(send) == f"Send(peer={peer!r}, message=Close(reason='bye'))"
+
+
 def test_a_copy_of_the_build_runs_compiled(compiled_build: None, tmp_path: Path) -> None:
     result = _probe(_copy_package(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -37,7 +37,7 @@ from typing import Final
 # What every step runs through: the hub and its parts, the fast decode and encode, framing, body kinds, the
 # stepping options, the checks, the connections, a peer's receive loop and writes, the polling of the loop and
 # of the clients' sockets (a call after every read), and a godot_rl game's or script's per-step glue around
-# legacy/_wire.c (the server, which tests instrument, stays interpreted; so do
+# legacy/_wire.c (the server stays interpreted apart from its way into the hub, entry.py; so do
 # codec.py's msgspec structs and calls.py's generic records, which mypyc does not take).
 COMPILED_MODULES: Final = (
     "broker.core.accumulate",
@@ -66,6 +66,7 @@ COMPILED_MODULES: Final = (
     "broker.protocol.ring",
     "broker.protocol.spaces",
     "broker.protocol.stepping",
+    "broker.server.entry",
     "broker.server.peer",
     "broker.server.spinning",
     "broker.tuning",

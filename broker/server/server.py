@@ -2,8 +2,9 @@
 
 Each accepted connection gets a ``PeerProtocol`` (broker/server/peer.py). Every peer (connections, the
 godot_rl dialer, in-process trainers) reaches the sans-IO ``Hub`` only through ``BrokerServer.enter`` and
-``leave``; the effects the hub returns (sends, closes, timers) are carried out by ``apply``. Everything runs
-on the event loop's thread; the hub is never entered concurrently.
+``leave``; the effects the hub returns (sends, closes, timers) are carried out by ``apply``. Those three are
+compiled, in ``HubEntry`` (broker/server/entry.py), the server's base. Everything runs on the event loop's
+thread; the hub is never entered concurrently.
 """
 
 from __future__ import annotations
@@ -18,19 +19,15 @@ from typing import Any, cast
 import structlog
 
 from broker import compiled
-from broker.core.batching import UnencodableMessage
-from broker.core.effects import Close as CloseEffect
-from broker.core.effects import Effect, Send, StartTimer, Timer
 from broker.core.flow import Hub
 from broker.legacy.game_connection import GodotRlGameConnection
 from broker.protocol.errors import ErrorCode
 from broker.protocol.messages import (
-    Batch,
     Close,
     Error,
-    Message,
 )
 from broker.server.config import ServerConfig
+from broker.server.entry import HubEntry
 from broker.server.frozen import FrozenGroups
 from broker.server.legacy_games import GodotRlCalls
 from broker.server.peer import Link, PeerProtocol
@@ -43,11 +40,11 @@ log = structlog.get_logger("gdrl.server")
 TRIM_DELAY_S = 0.5  # heap trims after departures are coalesced: at most one per this interval
 
 
-class BrokerServer:
+class BrokerServer(HubEntry):
     def __init__(self, config: ServerConfig, hub: Hub | None = None) -> None:
         config.validate()
+        super().__init__(hub or Hub(config.expected_games, config.step_options()))
         self.config = config
-        self.hub = hub or Hub(config.expected_games, config.step_options())
         self.connections: set[PeerProtocol] = set()
         self.before_hello: dict[PeerProtocol, None] = {}  # insertion order: the oldest is shed first
         self.admitted: set[PeerProtocol] = set()
@@ -58,42 +55,6 @@ class BrokerServer:
         self.godot_rl_calls = GodotRlCalls(self)  # a dialed godot_rl trainer's call, relayed to plugin games
         self.frozen = FrozenGroups(self)  # groups the broker answers itself with ONNX models
         self.spinner: LoopSpinner | None = None  # keeps the loop polling for a while after each message
-
-    # --- the one way into the hub, and its effects carried out -------------------------------------
-
-    def enter(self, peer: Link, message: Message) -> None:
-        """Hand ``message`` from ``peer`` to the hub and carry out what it answers. A RemoteProtocolError
-        (the peer's fault) propagates to the caller, which closes that peer; the hub is unchanged then."""
-        self.apply(self.hub.handle(peer, message))
-
-    def leave(self, peer: Link) -> None:
-        """``peer``'s connection is gone: its game or trainer leaves the hub."""
-        self.apply(self.hub.peer_lost(peer))
-
-    def apply(self, effects: list[Effect]) -> None:
-        """Carry out the hub's effects in order: sends, closes, timers."""
-        for effect in effects:
-            if isinstance(effect, Send):
-                self._send(cast(Link, effect.peer), effect.message)
-            elif isinstance(effect, CloseEffect):
-                cast(Link, effect.peer).close(effect.error)
-            elif isinstance(effect, StartTimer):
-                asyncio.get_running_loop().call_later(effect.delay_s, self._timer_fired, effect.timer)
-
-    def _send(self, peer: Link, message: Message) -> None:
-        try:
-            peer.send(message)
-        except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
-            if not isinstance(message, Batch):
-                raise
-            self.apply(self.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))
-
-    def _timer_fired(self, timer: Timer) -> None:
-        """A hub timer (deadline, idle pacing, stall check) is due; a failure is logged, never fatal."""
-        try:
-            self.apply(self.hub.timer_fired(timer))
-        except Exception:
-            log.exception("hub timer failed")
 
     def schedule_heap_trim(self) -> None:
         """Give freed memory back to the OS soon (a large peer or a game left); coalesced."""

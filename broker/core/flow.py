@@ -363,7 +363,8 @@ class Hub:
                 continue  # that game left; its actions have nobody to go to
             start = policy.offsets[slot_index]
             n = game.groups[policy.name].n_agents
-            part = {k: v[start : start + n] for k, v in actions.items()}
+            # One game holding every row (most runs) takes the arrays as they are: slicing makes a view per key.
+            part = actions if n == policy.n_envs else {k: v[start : start + n] for k, v in actions.items()}
             last = game.last_actions.get(policy.name)
             game.ready[policy.name] = keep_ended_rows(
                 policy.round.get(slot_index), last, game.groups[policy.name], part

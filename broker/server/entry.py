@@ -1,9 +1,12 @@
 """The one way into the hub, and its effects carried out: ``HubEntry``, the compiled base of ``BrokerServer``.
 
 Every message of every step passes through ``enter`` and ``apply``, so they are compiled (broker/compiled.py)
-with the per-step modules; interpreted, these three small methods cost about 1 us a message on the 1-agent
-path (docs/performance_history.md, "Session 36"). The rest of the server (listening, status, shutdown) stays in
+with the per-step modules; interpreted, they cost about 1 us a message on the 1-agent path
+(docs/performance_history.md, "Session 36"). The rest of the server (listening, status, shutdown) stays in
 server.py, interpreted. Callers still reach ``enter`` as an attribute of the server, so a test may wrap it.
+
+The effects are carried out by module functions, not methods: compiled code reaches a method of an interpreted
+subclass's instance (the server) through a Python attribute lookup, a function directly.
 """
 
 from __future__ import annotations
@@ -35,33 +38,38 @@ class HubEntry:
     def enter(self, peer: Link, message: Message) -> None:
         """Hand ``message`` from ``peer`` to the hub and carry out what it answers. A RemoteProtocolError
         (the peer's fault) propagates to the caller, which closes that peer; the hub is unchanged then."""
-        self.apply(self.hub.handle(peer, message))
+        _apply(self, self.hub.handle(peer, message))
 
     def leave(self, peer: Link) -> None:
         """``peer``'s connection is gone: its game or trainer leaves the hub."""
-        self.apply(self.hub.peer_lost(peer))
+        _apply(self, self.hub.peer_lost(peer))
 
     def apply(self, effects: list[Effect]) -> None:
         """Carry out the hub's effects in order: sends, closes, timers."""
-        for effect in effects:
-            if isinstance(effect, Send):
-                self._send(cast(Link, effect.peer), effect.message)  # every peer the server hands the hub is one
-            elif isinstance(effect, CloseEffect):
-                cast(Link, effect.peer).close(effect.error)
-            elif isinstance(effect, StartTimer):
-                asyncio.get_running_loop().call_later(effect.delay_s, self._timer_fired, effect.timer)
+        _apply(self, effects)
 
-    def _send(self, peer: Link, message: Message) -> None:
-        try:
-            peer.send(message)
-        except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
-            if not isinstance(message, Batch):
-                raise
-            self.apply(self.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))
-
-    def _timer_fired(self, timer: Timer) -> None:
+    def timer_fired(self, timer: Timer) -> None:
         """A hub timer (deadline, idle pacing, stall check) is due; a failure is logged, never fatal."""
         try:
-            self.apply(self.hub.timer_fired(timer))
+            _apply(self, self.hub.timer_fired(timer))
         except Exception:
             log.exception("hub timer failed")
+
+
+def _apply(entry: HubEntry, effects: list[Effect]) -> None:
+    for effect in effects:
+        if isinstance(effect, Send):
+            _send(entry, cast(Link, effect.peer), effect.message)  # every peer the server hands the hub is one
+        elif isinstance(effect, CloseEffect):
+            cast(Link, effect.peer).close(effect.error)
+        elif isinstance(effect, StartTimer):
+            asyncio.get_running_loop().call_later(effect.delay_s, entry.timer_fired, effect.timer)
+
+
+def _send(entry: HubEntry, peer: Link, message: Message) -> None:
+    try:
+        peer.send(message)
+    except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
+        if not isinstance(message, Batch):
+            raise
+        _apply(entry, entry.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))

@@ -1,7 +1,7 @@
 """A test driver for the sans-IO hub: the hub's effects carried out on fake links, behind a method API.
 
 Tests written before the hub returned effects drive it through this, their assertions unchanged (the
-server carries effects out itself, ``BrokerServer.apply``). Each method (``add_game``, ``game_step``,
+server carries effects out itself, ``broker.server.entry.apply``). Each method (``add_game``, ``game_step``,
 ``trainer_act``, ...) calls one entry point and carries out the effects it returns, in order, on the links
 (``link.send``, ``link.close``) and the scheduler. A link whose ``send`` cannot encode a batch for its
 peer raises ``UnencodableMessage``; that goes back into the hub (``batch_undeliverable``), whose answer

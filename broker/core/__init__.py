@@ -3,7 +3,7 @@ path to batches and replies), ``joining`` (games take seats, trainers attach, ei
 (slots and env layout), ``holding`` (the one place where time and deadlines live), ``sessions`` and
 ``states`` (the records, and the one transition table of their states), ``status`` (notices, snapshot),
 ``accumulate`` / ``batching`` (rows between ticks and batches), ``effects`` (what the hub asks its caller
-to do: the server carries them out, ``BrokerServer.apply``).
+to do: the server carries them out, ``broker.server.entry.apply``).
 
 Theory of operation
 -------------------

@@ -1,6 +1,6 @@
 """The one way into the hub, and its effects carried out: ``HubEntry``, the compiled base of ``BrokerServer``.
 
-Every message of every step passes through ``enter`` and ``apply``, so they are compiled (broker/compiled.py)
+Every message of every step passes through ``HubEntry.enter`` and ``apply``, so they are compiled (broker/compiled.py)
 with the per-step modules; interpreted, they cost about 1 us a message on the 1-agent path
 (docs/performance_history.md, "Session 36"). The rest of the server (listening, status, shutdown) stays in
 server.py, interpreted. Callers still reach ``enter`` as an attribute of the server, so a test may wrap it.
@@ -38,25 +38,22 @@ class HubEntry:
     def enter(self, peer: Link, message: Message) -> None:
         """Hand ``message`` from ``peer`` to the hub and carry out what it answers. A RemoteProtocolError
         (the peer's fault) propagates to the caller, which closes that peer; the hub is unchanged then."""
-        _apply(self, self.hub.handle(peer, message))
+        apply(self, self.hub.handle(peer, message))
 
     def leave(self, peer: Link) -> None:
         """``peer``'s connection is gone: its game or trainer leaves the hub."""
-        _apply(self, self.hub.peer_lost(peer))
-
-    def apply(self, effects: list[Effect]) -> None:
-        """Carry out the hub's effects in order: sends, closes, timers."""
-        _apply(self, effects)
+        apply(self, self.hub.peer_lost(peer))
 
     def timer_fired(self, timer: Timer) -> None:
         """A hub timer (deadline, idle pacing, stall check) is due; a failure is logged, never fatal."""
         try:
-            _apply(self, self.hub.timer_fired(timer))
+            apply(self, self.hub.timer_fired(timer))
         except Exception:
             log.exception("hub timer failed")
 
 
-def _apply(entry: HubEntry, effects: list[Effect]) -> None:
+def apply(entry: HubEntry, effects: list[Effect]) -> None:
+    """Carry out the hub's effects in order: sends, closes, timers."""
     for effect in effects:
         if isinstance(effect, Send):
             _send(entry, cast(Link, effect.peer), effect.message)  # every peer the server hands the hub is one
@@ -72,4 +69,4 @@ def _send(entry: HubEntry, peer: Link, message: Message) -> None:
     except UnencodableMessage as exc:  # the batch, not the peer, is at fault: the hub re-sends a part
         if not isinstance(message, Batch):
             raise
-        _apply(entry, entry.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))
+        apply(entry, entry.hub.batch_undeliverable(peer, message.step, exc.encodable, exc.message, message.policy))

@@ -2,8 +2,8 @@
 
 Each accepted connection gets a ``PeerProtocol`` (broker/server/peer.py). Every peer (connections, the
 godot_rl dialer, in-process trainers) reaches the sans-IO ``Hub`` only through ``BrokerServer.enter`` and
-``leave``; the effects the hub returns (sends, closes, timers) are carried out by ``apply``. Those three are
-compiled, in ``HubEntry`` (broker/server/entry.py), the server's base. Everything runs on the event loop's
+``leave``; the effects the hub returns (sends, closes, timers) are carried out by ``entry.apply``. All three are
+compiled, in broker/server/entry.py (``HubEntry`` is the server's base). Everything runs on the event loop's
 thread; the hub is never entered concurrently.
 """
 

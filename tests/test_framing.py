@@ -6,6 +6,7 @@ from __future__ import annotations
 import struct
 import tracemalloc
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -212,3 +213,51 @@ def test_a_limit_raised_after_a_frame_applies_to_the_frames_behind_it() -> None:
         assert decoder.next_frame() == b"hello"
         decoder.max_frame_bytes = 10_000
         assert decoder.next_frame() == b"y" * 5000
+
+
+def test_recv_into_a_frame_like_the_last_lands_whole_in_its_read_and_is_not_copied() -> None:
+    """After a large frame, the next read's buffer holds one like it whole: its body is a view of that buffer."""
+    body = bytes(range(256)) * 800  # 200 KiB
+    frame = encode_frame(body)
+    decoder = FrameDecoder()
+    _read_into(decoder, frame, [])  # the first: its header came in the small first read
+    buffer = decoder.get_buffer(-1)
+    assert len(buffer) > len(frame)  # and the read stops short of its end (one system call)
+    buffer[: len(frame)] = frame
+    decoder.buffer_updated(len(frame))
+    got = decoder.next_frame_view()
+    assert isinstance(got, memoryview) and got.readonly and bytes(got) == body
+    assert np.shares_memory(np.frombuffer(got, np.uint8), np.frombuffer(buffer, np.uint8))
+
+
+def test_recv_into_a_frame_cut_short_in_its_read_is_finished_in_place() -> None:
+    first, second = b"\x01" * 100_000, b"\x02" * 100_000
+    decoder = FrameDecoder()
+    _read_into(decoder, encode_frame(first), [])
+    frame = encode_frame(second)
+    buffer = decoder.get_buffer(-1)
+    buffer[:1000] = frame[:1000]  # the read got only this much of it
+    decoder.buffer_updated(1000)
+    rest = decoder.get_buffer(-1)
+    assert np.shares_memory(np.frombuffer(rest, np.uint8), np.frombuffer(buffer, np.uint8))  # the same memory
+    rest[: len(frame) - 1000] = frame[1000:]
+    decoder.buffer_updated(len(frame) - 1000)
+    got = decoder.next_frame_view()
+    assert got is not None and bytes(got) == second
+    assert np.shares_memory(np.frombuffer(got, np.uint8), np.frombuffer(buffer, np.uint8))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 300_000), min_size=1, max_size=8),
+    st.lists(st.integers(1, 400_000), min_size=0, max_size=12),
+)
+def test_recv_into_frames_of_any_sizes_cut_anywhere_keep_every_view(sizes: list[int], cuts: list[int]) -> None:
+    """Fresh buffers, frames finished in place, the scratch and large frames' own buffers, mixed: every body
+    arrives whole, and nothing written later changes a body handed out before."""
+    bodies = [bytes([i % 251 + 1]) * size for i, size in enumerate(sizes)]
+    stream = b"".join(encode_frame(b) for b in bodies)
+    decoder = FrameDecoder()
+    out = _read_into(decoder, stream, sorted({c for c in cuts if c < len(stream)}))
+    assert [bytes(b) for b in out] == bodies
+    assert decoder.buffered_bytes == 0

@@ -516,8 +516,14 @@ async def _through_peer_protocol(world: World, data: bytes, chunk: int) -> tuple
     protocol = PeerProtocol(server)
     transport = FakeTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
-    for i in range(0, len(data), chunk):
-        protocol.data_received(data[i : i + chunk])
+    for i in range(0, len(data), chunk):  # as a transport reads: into the protocol's buffer
+        piece = data[i : i + chunk]
+        while piece:
+            buffer = protocol.get_buffer(-1)
+            n = min(len(buffer), len(piece))
+            buffer[:n] = piece[:n]
+            protocol.buffer_updated(n)
+            piece = piece[n:]
     protocol.connection_lost(None)
     return protocol, transport
 

@@ -172,3 +172,53 @@ def test_mutated_large_bodies_fare_the_same_either_way(flips: list[tuple[int, in
     for at, value in flips:
         body[at] = value
     assert _decoded_outcome(unpack_viewing_arrays, bytes(body)) == _decoded_outcome(unpack, bytes(body))
+
+
+async def test_the_server_reads_a_games_step_into_the_memory_its_arrays_view() -> None:
+    """PeerProtocol reads as a BufferedProtocol: the step's observations that reach the hub are views of the
+    buffers the transport read into, with no bytes object per read and no join of a frame's pieces."""
+    from broker.protocol import PROTOCOL_VERSION
+    from broker.protocol.framing import encode_frame
+    from broker.protocol.messages import GameStep, Hello, Message
+    from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
+    from broker.server.config import ServerConfig
+    from broker.server.peer import PeerProtocol
+    from broker.server.server import BrokerServer
+    from tests.test_fuzz_broker import FakeTransport
+
+    server = BrokerServer(ServerConfig(port=0, status_interval=0))
+    entered: list[Message] = []
+    enter = server.enter
+
+    def recording_enter(peer: object, message: Message) -> None:
+        entered.append(message)
+        enter(peer, message)  # type: ignore[arg-type]
+
+    server.enter = recording_enter  # type: ignore[method-assign]
+    protocol = PeerProtocol(server)
+    protocol.connection_made(FakeTransport())  # type: ignore[arg-type]
+    spaces = PolicySpaces((("obs", BoxSpace((64,), "float32", -1.0, 1.0)),), (("move", ContinuousAction(2)),))
+    hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("p", 400, spaces),))
+    read_into: list[memoryview] = []
+
+    def receive(frame: bytes, read_size: int) -> None:
+        pos = 0
+        while pos < len(frame):  # as the transport reads: at most read_size bytes a time
+            buffer = protocol.get_buffer(-1)
+            n = min(len(buffer), read_size, len(frame) - pos)
+            buffer[:n] = frame[pos : pos + n]
+            read_into.append(buffer)
+            protocol.buffer_updated(n)
+            pos += n
+
+    receive(encode_frame(msgpack.packb(hello.to_wire(), use_bin_type=True)), 1 << 16)
+    for tick in range(2):  # the first frame's body gets its own buffer, the second lands in a fresh read
+        data = _data(400)
+        data.obs["obs"][:] = tick / 10
+        receive(encode_message_frame(BodyKind.MSGPACK, GameStep(tick, {"p": data}).to_wire()), 1 << 16)
+    steps = [m for m in entered if isinstance(m, GameStep)]
+    assert [s.tick for s in steps] == [0, 1] and not protocol.closing
+    for step in steps:
+        obs = step.groups["p"].obs["obs"]
+        assert obs[0, 0] == np.float32(step.tick / 10)
+        assert any(np.shares_memory(obs, np.frombuffer(b, np.uint8)) for b in read_into)

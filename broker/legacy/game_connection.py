@@ -88,6 +88,12 @@ class GodotRlGameConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         self._frames.receive_data(data)
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        return self._frames.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._frames.buffer_updated(nbytes)
+
     def next_event(self) -> Hello | GameStep | CallAnswered | Refused | Farewell | None:
         if self._first is not None:
             body, self._first = self._first, None

@@ -144,6 +144,12 @@ class ServerConnection(Protocol):
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None: ...
 
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        """Where the next read goes (asyncio's BufferedProtocol); then ``buffer_updated``."""
+        ...
+
+    def buffer_updated(self, nbytes: int) -> None: ...
+
     def next_event(self) -> Message | ConnectionEvent | None:
         """The next message for the hub (or a connection event), or None until more bytes arrive.
         Raises ProtocolError when the stream itself is broken."""

@@ -56,9 +56,12 @@ class FrameDecoder:
     * ``feed(data)``: bytes someone else read. A body lying inside one ``bytes`` chunk is handed out as a
       zero-copy view of it; one spread over chunks is assembled once into its own buffer.
     * ``get_buffer()`` / ``buffer_updated(n)`` (asyncio's BufferedProtocol, ``socket.recv_into``): the
-      reader receives straight into the decoder's memory. Once a frame's header says N, the frame gets a
-      fresh N-byte buffer and the reads fill it in place: no chunk joins, no copy of the body apart from
-      the few bytes that arrived with its header.
+      reader receives straight into memory that becomes the frames. With no frame open, a read after a
+      large frame gets a fresh buffer that size and some: the frames inside it are handed out as views of
+      it, and a frame that runs past the read's end is filled in place by the next reads. After a small
+      frame reads share one scratch buffer, and each frame is copied out of it (a few KiB: cheaper than a
+      fresh buffer). A frame larger than its read's buffer gets one of its own, and only the bytes that
+      came with its header are copied.
 
     A frame's own buffer is never reused, so the views handed out (and arrays decoded from them) stay
     valid for as long as anyone holds them. They are read-only unless ``writable_bodies``: a client that
@@ -78,7 +81,10 @@ class FrameDecoder:
         self.max_frame_bytes = max_frame_bytes
         self.writable_bodies = writable_bodies
         self._read_bytes = read_bytes
-        self._scratch: bytearray | None = None  # reused: nothing handed out points into it
+        self._read_size = read_bytes  # of the next fresh buffer: the last frame's size, and some
+        self._fresh: memoryview | None = None  # the last get_buffer() when no frame was open (large frames)
+        self._scratch: memoryview | None = None  # reused for small frames: nothing handed out points into it
+        self._in_scratch = False  # the last get_buffer() was the scratch
         self._ready: deque[Body] = deque()  # complete bodies, oldest first
         self._head = bytearray()  # header bytes of the next frame, until there are 4
         self._body: memoryview | None = None  # the open frame's own buffer (new_buffer)
@@ -104,37 +110,50 @@ class FrameDecoder:
         self._consume(memoryview(chunk), owned=True)
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next read should go: the open frame's remaining bytes, else a scratch area."""
-        if self._body is not None and not self._held:
-            return self._body[self._filled :]
-        if self._length and not self._held:  # reads grow with what has arrived (at most 2x of it)
-            size = min(max(self._read_bytes, self._collected), self._length - self._collected)
-            self._staging = new_buffer(size)
-            return self._staging
-        if self._scratch is None:
-            self._scratch = bytearray(self._read_bytes)
-        return memoryview(self._scratch)
+        """Where the next read should go: the open frame's remaining bytes, else a fresh buffer."""
+        if not self._held:
+            if self._body is not None:
+                return self._body[self._filled :]
+            if self._length:  # reads grow with what has arrived (at most 2x of it)
+                size = min(max(self._read_bytes, self._collected), self._length - self._collected)
+                self._staging = new_buffer(size)
+                return self._staging
+        if self._read_size <= self._read_bytes:  # small frames: one buffer for every read, copied out
+            if self._scratch is None:
+                self._scratch = memoryview(bytearray(self._read_bytes))
+            self._in_scratch = True
+            return self._scratch
+        self._fresh = new_buffer(self._read_size)
+        return self._fresh
 
     def buffer_updated(self, nbytes: int) -> None:
         """``nbytes`` were written at the start of the last ``get_buffer()``."""
         if nbytes <= 0:
             return
         self._buffered += nbytes
-        if self._body is not None and not self._held:
-            self._filled += nbytes
-            if self._filled == len(self._body):
-                self._finish_body()
+        fresh, self._fresh = self._fresh, None
+        if fresh is not None:  # never written again but where a frame still open in it goes on
+            view = fresh if self.writable_bodies else fresh.toreadonly()
+            self._consume(view[:nbytes], owned=True, room=fresh)
+            return
+        if self._in_scratch:
+            self._in_scratch = False
+            assert self._scratch is not None
+            self._consume(self._scratch[:nbytes], owned=False)
             return
         staging, self._staging = self._staging, None
-        if staging is not None and self._length and not self._held:
+        if staging is not None:
             self._collect(staging[:nbytes])
             return
-        assert self._scratch is not None  # get_buffer() came first
-        self._consume(memoryview(self._scratch)[:nbytes], owned=False)
+        assert self._body is not None  # get_buffer() came first
+        self._filled += nbytes
+        if self._filled == len(self._body):
+            self._finish_body()
 
-    def _consume(self, view: memoryview, owned: bool) -> None:
+    def _consume(self, view: memoryview, owned: bool, room: memoryview | None = None) -> None:
         """Split ``view`` into frames as far as headers already accepted allow. ``owned``: ``view`` is of
-        immutable bytes that may be handed out; else (the scratch) everything kept is copied."""
+        bytes nobody writes again, which may be handed out; else everything kept is copied. ``room``: the
+        fresh buffer ``view`` begins, writable; a frame that fits in it past ``view`` is finished there."""
         if self._held:
             self._held.append(view if owned else memoryview(bytes(view)))
             return
@@ -180,6 +199,10 @@ class FrameDecoder:
                 piece = view[pos : pos + length]
                 self._ready.append(piece if owned else bytes(piece))
                 pos += length
+            elif room is not None and pos + length <= len(room):  # its next reads go on in place
+                self._body = room[pos : pos + length]
+                self._filled = left
+                return
             else:
                 self._open_body(length)
                 rest = view[pos:]
@@ -230,7 +253,10 @@ class FrameDecoder:
         if not self._ready:
             return None
         body = self._ready.popleft()
-        self._buffered -= HEADER.size + len(body)
+        size = HEADER.size + len(body)
+        self._buffered -= size
+        # The next read's buffer holds a frame like this one whole, and the read then stops short of its end.
+        self._read_size = max(self._read_bytes, min(size, EAGER_BODY_BYTES) + self._read_bytes // 2)
         return body
 
     def _accept_header(self) -> None:

@@ -77,7 +77,7 @@ class Link(Protocol):
     def close(self, error: Error | Close | None = None) -> None: ...
 
 
-class PeerProtocol(asyncio.Protocol):
+class PeerProtocol(asyncio.BufferedProtocol):
     def __init__(self, server: BrokerServer) -> None:
         self.server = server
         self.hub = server.hub
@@ -126,14 +126,15 @@ class PeerProtocol(asyncio.Protocol):
         self._hello_timer = self._loop.call_later(self.server.config.timeout_hello, self._hello_timed_out)
         log.debug("connected", peer=self.label)
 
-    # A plain Protocol, not a BufferedProtocol: reading into each frame's own buffer (get_buffer /
-    # buffer_updated) saves the join of a large frame's chunks but costs more Python per read; measured
-    # slower at every size (docs/performance.md, "Copies per observation byte").
-    def data_received(self, data: bytes) -> None:
+    # Reads go straight into the frames' memory (FrameDecoder.get_buffer): no bytes object per read, no join.
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.connection.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         spinner = self.server.spinner
         if spinner is not None:
             spinner.message_came()
-        self.connection.receive_data(data)
+        self.connection.buffer_updated(nbytes)
         if self.connection.buffered_bytes >= LARGE_FRAME_BYTES:
             self.large_frames = True
         frames = 0

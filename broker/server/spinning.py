@@ -18,7 +18,7 @@ from broker.tuning import SPIN_WAIT_S, SpinBudget
 class LoopSpinner:
     """Keeps the daemon's uvloop loop polling instead of sleeping for a while after each message, for the
     next one: the loop has a callback ready, so it polls with a zero timeout, and the callback yields the core
-    meanwhile. Started by each read (``PeerProtocol.data_received``), stopped when ``SpinBudget``'s time has
+    meanwhile. Started by each read (``PeerProtocol.buffer_updated``), stopped when ``SpinBudget``'s time has
     passed without one; its misses make the next waits sleep at once, as for the clients."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, spin_s: float = SPIN_WAIT_S) -> None:

@@ -429,6 +429,21 @@ class FakeTransport:
         return 0
 
 
+def read_into_protocol(protocol: PeerProtocol, data: bytes, read_size: int) -> list[memoryview]:
+    """Deliver ``data`` as a transport reads: at most ``read_size`` bytes a time, into the protocol's buffer
+    (``get_buffer``/``buffer_updated``). Returns the buffers it was given, one per read."""
+    given: list[memoryview] = []
+    pos = 0
+    while pos < len(data):
+        buffer = protocol.get_buffer(-1)
+        n = min(len(buffer), read_size, len(data) - pos)
+        buffer[:n] = data[pos : pos + n]
+        given.append(buffer)
+        protocol.buffer_updated(n)
+        pos += n
+    return given
+
+
 def written_frames(data: bytes) -> list[bytes]:
     frames, offset = [], 0
     while offset + 4 <= len(data):
@@ -516,14 +531,7 @@ async def _through_peer_protocol(world: World, data: bytes, chunk: int) -> tuple
     protocol = PeerProtocol(server)
     transport = FakeTransport()
     protocol.connection_made(transport)  # type: ignore[arg-type]
-    for i in range(0, len(data), chunk):  # as a transport reads: into the protocol's buffer
-        piece = data[i : i + chunk]
-        while piece:
-            buffer = protocol.get_buffer(-1)
-            n = min(len(buffer), len(piece))
-            buffer[:n] = piece[:n]
-            protocol.buffer_updated(n)
-            piece = piece[n:]
+    read_into_protocol(protocol, data, chunk)
     protocol.connection_lost(None)
     return protocol, transport
 

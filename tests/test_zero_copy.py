@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.protocol import PROTOCOL_VERSION
 from broker.protocol.codec import (
     VIEW_MIN_BYTES,
     BodyKind,
@@ -18,9 +19,23 @@ from broker.protocol.codec import (
     unpack_viewing_arrays,
 )
 from broker.protocol.errors import ErrorCode, RemoteProtocolError
-from broker.protocol.framing import FrameDecoder
+from broker.protocol.framing import FrameDecoder, encode_frame
 from broker.protocol.limits import MAX_FRAME_ELEMENTS
-from broker.protocol.messages import Batch, GameActions, GameStep, StepData, TrainerAct, message_from_wire
+from broker.protocol.messages import (
+    Batch,
+    GameActions,
+    GameStep,
+    Hello,
+    Message,
+    StepData,
+    TrainerAct,
+    message_from_wire,
+)
+from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
+from broker.server.config import ServerConfig
+from broker.server.peer import PeerProtocol
+from broker.server.server import BrokerServer
+from tests.test_fuzz_broker import FakeTransport, read_into_protocol
 
 
 def _data(n: int) -> StepData:
@@ -177,15 +192,6 @@ def test_mutated_large_bodies_fare_the_same_either_way(flips: list[tuple[int, in
 async def test_the_server_reads_a_games_step_into_the_memory_its_arrays_view() -> None:
     """PeerProtocol reads as a BufferedProtocol: the step's observations that reach the hub are views of the
     buffers the transport read into, with no bytes object per read and no join of a frame's pieces."""
-    from broker.protocol import PROTOCOL_VERSION
-    from broker.protocol.framing import encode_frame
-    from broker.protocol.messages import GameStep, Hello, Message
-    from broker.protocol.spaces import BoxSpace, ContinuousAction, GroupSpec, PolicySpaces
-    from broker.server.config import ServerConfig
-    from broker.server.peer import PeerProtocol
-    from broker.server.server import BrokerServer
-    from tests.test_fuzz_broker import FakeTransport
-
     server = BrokerServer(ServerConfig(port=0, status_interval=0))
     entered: list[Message] = []
     enter = server.enter
@@ -199,23 +205,12 @@ async def test_the_server_reads_a_games_step_into_the_memory_its_arrays_view() -
     protocol.connection_made(FakeTransport())  # type: ignore[arg-type]
     spaces = PolicySpaces((("obs", BoxSpace((64,), "float32", -1.0, 1.0)),), (("move", ContinuousAction(2)),))
     hello = Hello("game", PROTOCOL_VERSION, "g", groups=(GroupSpec("p", 400, spaces),))
-    read_into: list[memoryview] = []
-
-    def receive(frame: bytes, read_size: int) -> None:
-        pos = 0
-        while pos < len(frame):  # as the transport reads: at most read_size bytes a time
-            buffer = protocol.get_buffer(-1)
-            n = min(len(buffer), read_size, len(frame) - pos)
-            buffer[:n] = frame[pos : pos + n]
-            read_into.append(buffer)
-            protocol.buffer_updated(n)
-            pos += n
-
-    receive(encode_frame(msgpack.packb(hello.to_wire(), use_bin_type=True)), 1 << 16)
+    read_into = read_into_protocol(protocol, encode_frame(msgpack.packb(hello.to_wire(), use_bin_type=True)), 1 << 16)
     for tick in range(2):  # the first frame's body gets its own buffer, the second lands in a fresh read
         data = _data(400)
         data.obs["obs"][:] = tick / 10
-        receive(encode_message_frame(BodyKind.MSGPACK, GameStep(tick, {"p": data}).to_wire()), 1 << 16)
+        frame = encode_message_frame(BodyKind.MSGPACK, GameStep(tick, {"p": data}).to_wire())
+        read_into += read_into_protocol(protocol, frame, 1 << 16)
     steps = [m for m in entered if isinstance(m, GameStep)]
     assert [s.tick for s in steps] == [0, 1] and not protocol.closing
     for step in steps:

@@ -35,6 +35,13 @@ DEFAULT_READ_BYTES: Final = 8 * 1024
 # us allocate more than 8x what a peer has really sent.
 EAGER_BODY_BYTES: Final = 1 << 20
 
+# Where the last get_buffer() pointed the read: the open frame's own buffer, a large frame's next piece, the
+# shared scratch (small frames), or a fresh buffer sized by the last frame.
+_INTO_BODY: Final = 0
+_INTO_STAGING: Final = 1
+_INTO_SCRATCH: Final = 2
+_INTO_FRESH: Final = 3
+
 Body = bytes | memoryview  # a frame body: a view into received bytes or a frame's own buffer when no copy was needed
 
 
@@ -82,9 +89,9 @@ class FrameDecoder:
         self.writable_bodies = writable_bodies
         self._read_bytes = read_bytes
         self._read_size = read_bytes  # of the next fresh buffer: the last frame's size, and some
-        self._fresh: memoryview | None = None  # the last get_buffer() when no frame was open (large frames)
         self._scratch: memoryview | None = None  # reused for small frames: nothing handed out points into it
-        self._in_scratch = False  # the last get_buffer() was the scratch
+        self._given: memoryview | None = None  # what the last get_buffer() returned, and which kind it was
+        self._given_kind = _INTO_BODY
         self._ready: deque[Body] = deque()  # complete bodies, oldest first
         self._head = bytearray()  # header bytes of the next frame, until there are 4
         self._body: memoryview | None = None  # the open frame's own buffer (new_buffer)
@@ -92,7 +99,6 @@ class FrameDecoder:
         self._length = 0  # of a large frame whose buffer is not allocated yet (0: none)
         self._pieces: list[memoryview] = []  # its bytes so far, immutable
         self._collected = 0
-        self._staging: memoryview | None = None  # the last get_buffer() while collecting
         self._held: deque[memoryview] = deque()  # input waiting behind a header not yet accepted
         self._buffered = 0
 
@@ -110,45 +116,42 @@ class FrameDecoder:
         self._consume(memoryview(chunk), owned=True)
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
-        """Where the next read should go: the open frame's remaining bytes, else a fresh buffer."""
-        if not self._held:
-            if self._body is not None:
-                return self._body[self._filled :]
-            if self._length:  # reads grow with what has arrived (at most 2x of it)
-                size = min(max(self._read_bytes, self._collected), self._length - self._collected)
-                self._staging = new_buffer(size)
-                return self._staging
-        if self._read_size <= self._read_bytes:  # small frames: one buffer for every read, copied out
+        """Where the next read should go: the open frame's remaining bytes, else the scratch (after a small frame)
+        or a fresh buffer (after a large one)."""
+        if not self._held and self._body is not None:
+            kind, given = _INTO_BODY, self._body[self._filled :]
+        elif not self._held and self._length:  # reads grow with what has arrived (at most 2x of it)
+            size = min(max(self._read_bytes, self._collected), self._length - self._collected)
+            kind, given = _INTO_STAGING, new_buffer(size)
+        elif self._read_size <= self._read_bytes:  # small frames: one buffer for every read, copied out
             if self._scratch is None:
                 self._scratch = memoryview(bytearray(self._read_bytes))
-            self._in_scratch = True
-            return self._scratch
-        self._fresh = new_buffer(self._read_size)
-        return self._fresh
+            kind, given = _INTO_SCRATCH, self._scratch
+        else:
+            kind, given = _INTO_FRESH, new_buffer(self._read_size)
+        self._given_kind, self._given = kind, given
+        return given
 
     def buffer_updated(self, nbytes: int) -> None:
         """``nbytes`` were written at the start of the last ``get_buffer()``."""
+        given, self._given = self._given, None
         if nbytes <= 0:
             return
+        assert given is not None  # get_buffer() came first
         self._buffered += nbytes
-        fresh, self._fresh = self._fresh, None
-        if fresh is not None:  # never written again but where a frame still open in it goes on
-            view = fresh if self.writable_bodies else fresh.toreadonly()
-            self._consume(view[:nbytes], owned=True, room=fresh)
-            return
-        if self._in_scratch:
-            self._in_scratch = False
-            assert self._scratch is not None
-            self._consume(self._scratch[:nbytes], owned=False)
-            return
-        staging, self._staging = self._staging, None
-        if staging is not None:
-            self._collect(staging[:nbytes])
-            return
-        assert self._body is not None  # get_buffer() came first
-        self._filled += nbytes
-        if self._filled == len(self._body):
-            self._finish_body()
+        kind = self._given_kind
+        if kind == _INTO_BODY:
+            assert self._body is not None
+            self._filled += nbytes
+            if self._filled == len(self._body):
+                self._finish_body()
+        elif kind == _INTO_STAGING:
+            self._collect(given[:nbytes])
+        elif kind == _INTO_SCRATCH:
+            self._consume(given[:nbytes], owned=False)
+        else:  # never written again but where a frame still open in it goes on
+            view = given if self.writable_bodies else given.toreadonly()
+            self._consume(view[:nbytes], owned=True, room=given)
 
     def _consume(self, view: memoryview, owned: bool, room: memoryview | None = None) -> None:
         """Split ``view`` into frames as far as headers already accepted allow. ``owned``: ``view`` is of
